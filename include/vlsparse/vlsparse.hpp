@@ -1,0 +1,24 @@
+// vlsparse/vlsparse.hpp -- umbrella header: the whole CPU library (vocabulary, SIMD path, policies).
+//
+// Needs Eigen 3.4 and xsimd 8.1 on the include path; C++20. Optional: compile with -fopenmp to
+// parallelise the SIMD path over heads and query blocks (the headers honour _OPENMP, never force it).
+// The exact scalar reference lives in <vlsparse/reference/...>; golden-file I/O (needs nlohmann/json)
+// in <vlsparse/io/golden.hpp>.
+#pragma once
+
+#include "vlsparse/core/config.hpp"
+#include "vlsparse/core/dtype.hpp"
+#include "vlsparse/core/error.hpp"
+#include "vlsparse/core/layout.hpp"
+#include "vlsparse/core/rng.hpp"
+#include "vlsparse/core/selection.hpp"
+#include "vlsparse/core/tensor.hpp"
+#include "vlsparse/core/topk.hpp"
+#include "vlsparse/kv/kv_cache.hpp"
+#include "vlsparse/io/npy.hpp"
+#include "vlsparse/attention/common.hpp"
+#include "vlsparse/attention/dense.hpp"
+#include "vlsparse/attention/probe.hpp"
+#include "vlsparse/attention/sparse.hpp"
+#include "vlsparse/attention/decode.hpp"
+#include "vlsparse/policies/zipvl.hpp"

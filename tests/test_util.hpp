@@ -1,0 +1,69 @@
+// Shared test helpers: seeded random tensors, metrics, and the one tolerance table.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <vlsparse/vlsparse.hpp>
+
+namespace vt {
+
+// Seed for random inputs: VLSPARSE_TEST_SEED overrides the default. Each test prints the seed it used
+// (Catch2 INFO), so a failure can be replayed.
+inline std::uint64_t base_seed() {
+    if (const char* s = std::getenv("VLSPARSE_TEST_SEED")) return std::strtoull(s, nullptr, 0);
+    return 20261121ull;
+}
+
+// True when VLSPARSE_TEST_SMALL is set (sanitizer builds): the largest shapes of a sweep are skipped.
+inline bool small_run() { return std::getenv("VLSPARSE_TEST_SMALL") != nullptr; }
+
+// A buffer of element type T with N(0, sigma^2)-like values (sum of uniforms), deterministic from seed.
+template <class T>
+std::vector<T> random_buffer(std::size_t count, std::uint64_t seed, float sigma = 1.0f) {
+    vlsparse::SplitMix64 rng(seed);
+    std::vector<T> out(count);
+    for (auto& x : out) {
+        double s = 0.0;
+        for (int i = 0; i < 4; ++i) s += rng.uniform() - 0.5;
+        x = vlsparse::from_float<T>(static_cast<float>(s * sigma * 1.7320508075688772));
+    }
+    return out;
+}
+
+// Normalized mean squared error ||a - b||^2 / ||b||^2 (b the reference); 0 when both are zero.
+template <class A, class B>
+double nmse(const std::vector<A>& a, const std::vector<B>& b) {
+    double num = 0.0, den = 0.0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        const double x = static_cast<double>(vlsparse::detail::load(a[i]));
+        const double y = static_cast<double>(vlsparse::detail::load(b[i]));
+        num += (x - y) * (x - y);
+        den += y * y;
+    }
+    if (den == 0.0) return num == 0.0 ? 0.0 : INFINITY;
+    return num / den;
+}
+
+template <class A, class B>
+double max_abs_diff(const std::vector<A>& a, const std::vector<B>& b) {
+    double m = 0.0;
+    for (std::size_t i = 0; i < a.size(); ++i)
+        m = std::max(m, std::abs(static_cast<double>(vlsparse::detail::load(a[i])) -
+                                 static_cast<double>(vlsparse::detail::load(b[i]))));
+    return m;
+}
+
+// The tolerance table: fast path (fp32 accumulation) against the reference (double accumulation).
+// Inputs are exactly representable in their dtype (both paths read the same values), so the gap
+// is accumulation error only and does not depend on the input dtype.
+struct Tol {
+    double attention_nmse;  // attention outputs
+    double score_rel;       // accumulated / normalized scores, probabilities (relative to the largest)
+};
+inline constexpr Tol kFastVsReference{1e-9, 1e-5};
+
+}  // namespace vt
