@@ -16,10 +16,12 @@
 #include <cctype>
 #include <charconv>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "vlsparse/core/error.hpp"
@@ -136,11 +138,14 @@ inline void Layout::validate() const {
         const Segment& s = segs_[i];
         const auto kind = segment_kind_name(s.kind);
         detail::require(s.length > 0, fn, "segment ", i, " (", kind, ") has length ", s.length, ", expected > 0");
+        detail::require(s.length <= std::numeric_limits<std::int64_t>::max() - expect, fn, "segment ", i, " (", kind,
+                        ") has length ", s.length, ", which overflows the token count");
         detail::require(s.start == expect, fn, "segment ", i, " (", kind, ") starts at ", s.start, ", expected ", expect,
                         s.start > expect ? " (gap after the previous segment)" : " (overlaps the previous segment)");
         if (s.kind == SegmentKind::video) {
-            detail::require(s.frames > 0 && s.tokens_per_frame > 0 && s.frames * s.tokens_per_frame == s.length, fn,
-                            "segment ", i, " (video) has ", s.frames, " frames x ", s.tokens_per_frame,
+            detail::require(s.frames > 0 && s.tokens_per_frame > 0 && s.frames <= s.length / s.tokens_per_frame &&
+                                s.frames * s.tokens_per_frame == s.length,
+                            fn, "segment ", i, " (video) has ", s.frames, " frames x ", s.tokens_per_frame,
                             " tokens, which does not match its length ", s.length);
         } else {
             detail::require(s.frames == 0 && s.tokens_per_frame == 0, fn, "segment ", i, " (", kind,
@@ -150,8 +155,8 @@ inline void Layout::validate() const {
             detail::require(s.grid_h == 0 && s.grid_w == 0, fn, "segment ", i, " (text) has a grid; only image and video segments have one");
         } else if (s.grid_h != 0 || s.grid_w != 0) {
             const std::int64_t cells = s.kind == SegmentKind::image ? s.length : s.tokens_per_frame;
-            detail::require(s.grid_h > 0 && s.grid_w > 0 && s.grid_h * s.grid_w == cells, fn, "segment ", i, " (", kind,
-                            ") grid ", s.grid_h, "x", s.grid_w, " does not match its ", cells,
+            detail::require(s.grid_h > 0 && s.grid_w > 0 && s.grid_h <= cells / s.grid_w && s.grid_h * s.grid_w == cells,
+                            fn, "segment ", i, " (", kind, ") grid ", s.grid_h, "x", s.grid_w, " does not match its ", cells,
                             s.kind == SegmentKind::image ? " tokens" : " tokens per frame");
         }
         expect = s.end();
@@ -162,8 +167,8 @@ namespace detail {
 inline std::int64_t parse_count(std::string_view t, std::string_view item, std::size_t index) {
     std::int64_t v = 0;
     auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
-    require(!t.empty() && ec == std::errc() && p == t.data() + t.size(), "Layout::parse", "segment ", index, " '", item,
-            "': '", t, "' is not a non-negative integer");
+    require(!t.empty() && t.front() != '-' && ec == std::errc() && p == t.data() + t.size(), "Layout::parse",
+            "segment ", index, " '", item, "': '", t, "' is not a non-negative integer");
     return v;
 }
 // Parses "AxB" into two counts.
@@ -200,6 +205,7 @@ inline Layout Layout::parse(std::string_view spec) {
         if (const auto br = rest.find('['); br != std::string_view::npos) {
             detail::require(rest.back() == ']', fn, "segment ", index, " '", item, "': unterminated grid '[...]'");
             std::tie(gh, gw) = detail::parse_pair(rest.substr(br + 1, rest.size() - br - 2), item, index);
+            detail::require(gh > 0 && gw > 0, fn, "segment ", index, " '", item, "': grid extents must be > 0");
             rest = rest.substr(0, br);
         }
         Segment s;
@@ -213,11 +219,15 @@ inline Layout Layout::parse(std::string_view spec) {
             auto [frames, tpf] = detail::parse_pair(rest, item, index);
             detail::require(frames > 0 && tpf > 0, fn, "segment ", index, " '", item,
                             "': expected frames x tokens-per-frame, both > 0");
+            detail::require(frames <= std::numeric_limits<std::int64_t>::max() / tpf, fn, "segment ", index, " '", item,
+                            "': frames x tokens-per-frame overflows int64");
             s = Segment::video(pos, frames, tpf, gh, gw);
         } else {
             throw error(fn, detail::concat("segment ", index, " '", item, "': unknown kind '", kind,
                                            "', expected text, image or video"));
         }
+        detail::require(s.length <= std::numeric_limits<std::int64_t>::max() - pos, fn, "segment ", index, " '", item,
+                        "': the token count overflows int64");
         segs.push_back(s);
         pos += s.length;
         ++index;

@@ -97,26 +97,23 @@ public:
     }
 
     // Keep only the listed positions (per KV head or shared) and compact in place, in position order.
-    // Every listed position must be present in the cache.
+    // Every listed position must be present in the cache. On error the cache is left unchanged.
     void keep(const TokenSelection& sel) {
         constexpr const char* fn = "KvCache::keep";
         detail::require(sel.shared() || static_cast<std::int64_t>(sel.groups()) == n_kv_heads_, fn, "selection has ",
                         sel.groups(), " lists, expected 1 or ", n_kv_heads_);
+        for (std::int64_t g = 0; g < n_kv_heads_; ++g) check_keep(g, sel.for_kv_head(g));  // all heads first
         for (std::int64_t g = 0; g < n_kv_heads_; ++g) keep_positions(g, sel.for_kv_head(g));
     }
 
-    // Keep the listed positions (sorted ascending, unique, present) in KV head g.
+    // Keep the listed positions (sorted ascending, unique, present) in KV head g. On error the
+    // cache is left unchanged.
     void keep_positions(std::int64_t g, std::span<const std::int64_t> keep_pos) {
-        constexpr const char* fn = "KvCache::keep";
-        auto& h = heads_.at(static_cast<std::size_t>(g));
+        check_keep(g, keep_pos);
+        auto& h = heads_[static_cast<std::size_t>(g)];
         std::size_t dst = 0, src = 0;
         for (std::size_t i = 0; i < keep_pos.size(); ++i) {
-            detail::require(i == 0 || keep_pos[i] > keep_pos[i - 1], fn, "position list for KV head ", g,
-                            " is not sorted ascending without duplicates at entry ", i);
-            while (src < h.pos.size() && h.pos[src] < keep_pos[i]) ++src;
-            detail::require(src < h.pos.size() && h.pos[src] == keep_pos[i], fn, "position ", keep_pos[i],
-                            " is not in KV head ", g, " of the cache (evicted earlier, or beyond seq_len ", seq_len_,
-                            ")");
+            while (h.pos[src] < keep_pos[i]) ++src;  // present: check_keep found it
             if (dst != src) {
                 std::copy_n(&h.k[src * head_dim_], head_dim_, &h.k[dst * head_dim_]);
                 std::copy_n(&h.v[src * head_dim_], head_dim_, &h.v[dst * head_dim_]);
@@ -131,6 +128,23 @@ public:
     }
 
 private:
+    // Throws unless keep_pos is sorted ascending without duplicates and every entry is in KV head g.
+    void check_keep(std::int64_t g, std::span<const std::int64_t> keep_pos) const {
+        constexpr const char* fn = "KvCache::keep";
+        detail::require(g >= 0 && g < n_kv_heads_, fn, "KV head ", g, ", expected 0 <= g < ", n_kv_heads_);
+        const auto& h = heads_[static_cast<std::size_t>(g)];
+        std::size_t src = 0;
+        for (std::size_t i = 0; i < keep_pos.size(); ++i) {
+            detail::require(i == 0 || keep_pos[i] > keep_pos[i - 1], fn, "position list for KV head ", g,
+                            " is not sorted ascending without duplicates at entry ", i);
+            while (src < h.pos.size() && h.pos[src] < keep_pos[i]) ++src;
+            detail::require(src < h.pos.size() && h.pos[src] == keep_pos[i], fn, "position ", keep_pos[i],
+                            " is not in KV head ", g, " of the cache (evicted earlier, or beyond seq_len ", seq_len_,
+                            ")");
+            ++src;
+        }
+    }
+
     struct Head {
         std::vector<T> k, v;
         std::vector<std::int64_t> pos;

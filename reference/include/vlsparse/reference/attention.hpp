@@ -170,7 +170,8 @@ void decode_attention(View2<const TQ> q, const KvCache<TC>& cache, View2<TO> out
     const std::int64_t H = q.shape[0], d = q.shape[1], Hkv = cache.n_kv_heads();
     detail::require(H > 0 && d == cache.head_dim(), fn, "q has shape [", H, ", ", d, "], expected [H, ",
                     cache.head_dim(), "] with H > 0");
-    detail::require(H % Hkv == 0, fn, "H = ", H, " query heads is not a multiple of the cache's H_kv = ", Hkv);
+    detail::require(Hkv > 0 && H % Hkv == 0, fn, "H = ", H, " query heads is not a multiple of the cache's H_kv = ", Hkv,
+                    " (a default-constructed cache has H_kv = 0)");
     detail::require(out.shape == q.shape, fn, "out has shape [", out.shape[0], ", ", out.shape[1], "], expected [", H,
                     ", ", d, "]");
     detail::require(!detail::overlaps(out, q), fn, "output out aliases input q; expected separate buffers");
@@ -186,7 +187,8 @@ void decode_attention(View2<const TQ> q, const KvCache<TC>& cache, View2<TO> out
         detail::require(m > 0, fn, "KV head ", g, " of the cache is empty; append the new token's K/V first");
         // View the head's rows as [m, 1, d] so the shared row kernel applies.
         const View3<const TC> kk(cache.k(g).data, {m, 1, d}), vv(cache.v(g).data, {m, 1, d});
-        detail::check_all_finite(kk, kk, vv, fn);
+        detail::check_finite(kk, fn, "cache k");
+        detail::check_finite(vv, fn, "cache v");
         const auto rows = detail::iota_n(m);
         detail::attend_row(q.row(h), q.stride[1], kk, vv, 0, rows, scale, probs, o);
         for (std::int64_t c = 0; c < d; ++c) detail::store(out(h, c), o[static_cast<std::size_t>(c)]);
