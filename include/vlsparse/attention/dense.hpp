@@ -1,0 +1,488 @@
+// vlsparse/attention/dense.hpp -- dense causal attention, CPU fast path (namespace vlsparse::simd).
+//
+//   O[i,h,:] = sum_{j <= n_k - n_q + i} softmax_j(scale * q_{i,h} . k_{j,g}) v_{j,g},   g = h / (H / H_kv)
+//
+// Same signature and semantics as vlsparse::reference::dense_attention (switch backends by namespace);
+// fp32 accumulation. The GEMM-shaped products run on Eigen (maps over packed fp32 rows), the row
+// softmax on the xsimd kernels of detail/simd_kernels.hpp, blocked over query rows and chunked over
+// keys with an online (running max) softmax, so the scratch stays in cache for any sequence length.
+// With OpenMP (consumer compiles with -fopenmp) the (query head, query block) pairs run in parallel;
+// Eigen's own threading does not nest (it runs single-threaded inside the parallel region). The
+// instruction set is the one the consumer's flags allow (detail::native_arch); a trailing template
+// argument (detail::scalar_arch) selects the always-compiled scalar kernels instead.
+// A row whose fp32 scores or output overflow (possible only with finite inputs near the float range)
+// is recomputed in double, so no input gives a silently wrong answer.
+//
+// This header also holds the block engine shared by sparse.hpp, probe.hpp and decode.hpp.
+// Include: <vlsparse/vlsparse.hpp> (or this header alone).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include <Eigen/Core>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "vlsparse/attention/common.hpp"
+#include "vlsparse/core/selection.hpp"
+#include "vlsparse/detail/check.hpp"
+#include "vlsparse/detail/simd_kernels.hpp"
+
+// Query rows per block (rows of one GEMM) and keys per chunk of the online softmax; consumers may
+// override them. Tuned with bench/attention_bench.cpp on an Ice Lake Xeon core (AVX-512, 1.25 MiB
+// L2), fp32, n = 4096, H = 8, d = 128, best of 4 rounds, GFLOP/s: q_block 128 with k_chunk 256: 72,
+// 512: 70, 128: 65, 1024: 64; q_block 64: 58-70; q_block 256: 67; q_block 32: 57; unchunked
+// (k_chunk >= n) with q_block 64: 54. At 128 x 256 the scores (128 KiB) and one chunk of K and V
+// (128 KiB each at d = 128) stay in L2. Define them identically in every translation unit of a
+// program (they become inline variables).
+#ifndef VLSPARSE_SIMD_Q_BLOCK
+#define VLSPARSE_SIMD_Q_BLOCK 128
+#endif
+#ifndef VLSPARSE_SIMD_K_CHUNK
+#define VLSPARSE_SIMD_K_CHUNK 256
+#endif
+
+#ifdef _OPENMP
+#define VLSPARSE_OMP(x) _Pragma(#x)
+#else
+#define VLSPARSE_OMP(x)
+#endif
+
+namespace vlsparse::simd {
+
+namespace detail {
+
+using namespace ::vlsparse::detail;
+
+using MatR = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using MapR = Eigen::Map<MatR, Eigen::Unaligned, Eigen::OuterStride<>>;
+using CMapR = Eigen::Map<const MatR, Eigen::Unaligned, Eigen::OuterStride<>>;
+
+inline constexpr std::int64_t kQBlock = VLSPARSE_SIMD_Q_BLOCK;
+inline constexpr std::int64_t kKChunk = VLSPARSE_SIMD_K_CHUNK;
+static_assert(kQBlock >= 1 && kKChunk >= 1, "VLSPARSE_SIMD_Q_BLOCK and VLSPARSE_SIMD_K_CHUNK must be >= 1");
+
+// Block sizes of one call. The public functions use the defaults; tests run the engine with tiny
+// blocks (so short inputs cross block and chunk boundaries) and the benchmark sweeps them.
+struct Blocking {
+    std::int64_t q_block = kQBlock;  // query rows per block
+    std::int64_t k_chunk = kKChunk;  // keys per chunk of the online softmax
+};
+
+inline int max_threads() {
+#ifdef _OPENMP
+    return std::max(1, omp_get_max_threads());
+#else
+    return 1;
+#endif
+}
+// Rows per block for n_rows rows of `group` query heads on `threads` threads: q_block, or fewer (not
+// below 16) when there would be fewer blocks than threads (short inputs, few kept tokens, few heads).
+inline std::int64_t rows_per_block(std::int64_t q_block, std::int64_t n_rows, std::int64_t group, int threads) {
+    std::int64_t b = std::max<std::int64_t>(q_block, 1);
+    const std::int64_t blocks_wanted = (threads + group - 1) / group;
+    if (blocks_wanted > 1 && n_rows > 0) b = std::min(b, std::max<std::int64_t>(16, (n_rows + blocks_wanted - 1) / blocks_wanted));
+    return b;
+}
+inline int thread_id() {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+// The first exception thrown inside a parallel region, rethrown after it (exceptions must not cross
+// an OpenMP region or work-sharing loop).
+class ErrorSlot {
+public:
+    template <class F>
+    void run(F&& f) noexcept {
+        try {
+            f();
+        } catch (...) {
+            VLSPARSE_OMP(omp critical(vlsparse_simd_error))
+            if (!err_) err_ = std::current_exception();
+        }
+    }
+    void rethrow() const {
+        if (err_) std::rethrow_exception(err_);
+    }
+
+private:
+    std::exception_ptr err_;
+};
+
+// Packed fp32 keys and values of one KV head: row t at k + t * ldk (unit inner stride).
+struct KeySet {
+    const float* k = nullptr;
+    std::int64_t ldk = 0;
+    const float* v = nullptr;
+    std::int64_t ldv = 0;
+    std::int64_t n = 0;
+};
+
+// Per-thread scratch, sized once per call and reused for every block.
+struct Scratch {
+    std::vector<float> q, s, o, m, l;
+    std::vector<std::int64_t> vis, rows;
+    std::vector<std::uint8_t> bad;
+    std::vector<double> dp, dout;  // double fallback
+
+    void reserve(std::int64_t block, std::int64_t d, std::int64_t s_cols) {
+        const auto B = static_cast<std::size_t>(block), D = static_cast<std::size_t>(d);
+        q.resize(B * D);
+        o.resize(B * D);
+        s.resize(B * static_cast<std::size_t>(std::max<std::int64_t>(s_cols, 1)));
+        m.resize(B);
+        l.resize(B);
+        vis.resize(B);
+        rows.resize(B);
+        bad.resize(B);
+        dout.resize(D);
+    }
+};
+
+// True when the rows of each head of a [n, H, d] view are already packed fp32 (head-major buffers):
+// unit inner stride and token stride d. Token-major rows (stride H * d, often a multiple of 4 KiB) are
+// packed anyway: read in place they alias in the caches, which cost a third of the speed at n = 4096.
+template <class T>
+bool usable_in_place(const View3<const T>& x) {
+    if constexpr (!std::is_same_v<std::remove_const_t<T>, float>) {
+        return false;
+    } else {
+        return x.stride[2] == 1 && (x.shape[0] == 1 || x.stride[0] == x.shape[2]);
+    }
+}
+
+// Rows of KV head g of an fp32 view used in place (null for other element types, which are packed).
+template <class T>
+const float* in_place_rows(const View3<const T>& x, std::int64_t g) {
+    if constexpr (std::is_same_v<std::remove_const_t<T>, float>) return x.row(0, g);
+    else return nullptr;
+}
+
+// Store a float row (length d) into an output row with element stride `stride`.
+template <class TO>
+void store_row(TO* dst, std::int64_t stride, const float* src, std::int64_t d) {
+    if constexpr (std::is_same_v<TO, float>) {
+        if (stride == 1) {
+            std::memcpy(dst, src, static_cast<std::size_t>(d) * sizeof(float));
+            return;
+        }
+    }
+    for (std::int64_t c = 0; c < d; ++c) store(dst[c * stride], src[c]);
+}
+template <class TO>
+void zero_row(TO* dst, std::int64_t stride, std::int64_t d) {
+    for (std::int64_t c = 0; c < d; ++c) store(dst[c * stride], 0.0f);
+}
+
+// Double-precision softmax attention of one query row over keys[0:count) (identity when keys is null)
+// of KV head g: the fallback for rows whose fp32 computation overflowed (and the twin of the
+// reference's row kernel). probs gets the probabilities; o (length d, may be null) the output.
+template <class TQ, class TK>
+void attend_row_double(const TQ* q, std::int64_t q_stride, const View3<const TK>& k, const View3<const TK>& v,
+                       std::int64_t g, const std::int64_t* keys, std::int64_t count, double scale,
+                       std::vector<double>& probs, double* o) {
+    const std::int64_t d = k.shape[2];
+    probs.assign(static_cast<std::size_t>(count), 0.0);
+    if (o) std::fill(o, o + d, 0.0);
+    if (count == 0) return;
+    double mx = -std::numeric_limits<double>::infinity();
+    for (std::int64_t t = 0; t < count; ++t) {
+        const auto* kr = k.row(keys ? keys[t] : t, g);
+        double s = 0.0;
+        for (std::int64_t c = 0; c < d; ++c)
+            s += static_cast<double>(to_float(q[c * q_stride])) * static_cast<double>(to_float(kr[c * k.stride[2]]));
+        probs[static_cast<std::size_t>(t)] = s * scale;
+        mx = std::max(mx, probs[static_cast<std::size_t>(t)]);
+    }
+    double sum = 0.0;
+    for (auto& p : probs) {
+        p = std::exp(p - mx);
+        sum += p;
+    }
+    for (auto& p : probs) p /= sum;
+    if (!o) return;
+    for (std::int64_t t = 0; t < count; ++t) {
+        const auto* vr = v.row(keys ? keys[t] : t, g);
+        for (std::int64_t c = 0; c < d; ++c)
+            o[c] += probs[static_cast<std::size_t>(t)] * static_cast<double>(to_float(vr[c * v.stride[2]]));
+    }
+}
+
+// Widen rows keys[t0:t1) (identity when keys is null) of KV head g of x into dst (row t at dst + t*d).
+template <class T>
+void pack_rows(const View3<const T>& x, std::int64_t g, const std::int64_t* keys, std::int64_t t0, std::int64_t t1,
+               float* dst) {
+    const std::int64_t d = x.shape[2];
+    for (std::int64_t t = t0; t < t1; ++t) widen_row(x.row(keys ? keys[t] : t, g), x.stride[2], dst + t * d, d);
+}
+
+// The block engine. Attends nr packed query rows Q [nr, d] (row-major, ld d) to the key set ks; row r
+// sees keys [0, vis[r]) (keys sorted by position, so causal visibility is a prefix). On return
+// sc.o [nr, d] holds the normalized outputs (zero rows where vis[r] == 0) and sc.bad[r] != 0 marks
+// rows whose fp32 scores or outputs are not finite (the caller recomputes them in double).
+// Keys are processed in chunks of kc_max with a running max per row (online softmax).
+template <class Arch>
+void attend_block(const float* Q, std::int64_t nr, std::int64_t d, const KeySet& ks, const std::int64_t* vis,
+                  float scale, std::int64_t kc_max, Scratch& sc) {
+    using K = Kernels<Arch>;
+    constexpr float ninf = -std::numeric_limits<float>::infinity();
+    float* O = sc.o.data();
+    float* S = sc.s.data();
+    float* m = sc.m.data();
+    float* l = sc.l.data();
+    std::int64_t kmax = 0;
+    for (std::int64_t r = 0; r < nr; ++r) {
+        kmax = std::max(kmax, vis[r]);
+        m[r] = ninf;
+        l[r] = 0.0f;
+        sc.bad[static_cast<std::size_t>(r)] = 0;
+    }
+    if (kmax == 0) {
+        std::fill(O, O + nr * d, 0.0f);
+        return;
+    }
+    const CMapR Qm(Q, nr, d, Eigen::OuterStride<>(d));
+    MapR Om(O, nr, d, Eigen::OuterStride<>(d));
+    for (std::int64_t c0 = 0; c0 < kmax; c0 += kc_max) {
+        const std::int64_t kc = std::min(kc_max, kmax - c0);
+        MapR Sm(S, nr, kc, Eigen::OuterStride<>(kc));
+        const CMapR Km(ks.k + c0 * ks.ldk, kc, d, Eigen::OuterStride<>(ks.ldk));
+        const CMapR Vm(ks.v + c0 * ks.ldv, kc, d, Eigen::OuterStride<>(ks.ldv));
+        Sm.noalias() = scale * (Qm * Km.transpose());
+        for (std::int64_t r = 0; r < nr; ++r) {
+            float* srow = S + r * kc;
+            const std::int64_t cnt = std::clamp<std::int64_t>(vis[r] - c0, 0, kc);
+            if (cnt == 0) {
+                std::fill(srow, srow + kc, 0.0f);
+                continue;
+            }
+            const float mx = K::max(srow, cnt);
+            const float mnew = std::max(m[r], mx);
+            const float alpha = m[r] == ninf ? 0.0f : std::exp(m[r] - mnew);
+            const float sum = K::exp_sub_sum(srow, cnt, mnew);
+            std::fill(srow + cnt, srow + kc, 0.0f);
+            if (c0 > 0 && alpha != 1.0f) K::scale(O + r * d, d, alpha);
+            l[r] = l[r] * alpha + sum;  // a non-finite score makes l (or the output row) non-finite
+            m[r] = mnew;
+        }
+        if (c0 == 0) Om.noalias() = Sm * Vm;
+        else Om.noalias() += Sm * Vm;
+    }
+    for (std::int64_t r = 0; r < nr; ++r) {
+        float* orow = O + r * d;
+        if (vis[r] == 0) {
+            std::fill(orow, orow + d, 0.0f);
+            continue;
+        }
+        if (!(l[r] > 0.0f) || !std::isfinite(l[r])) {
+            sc.bad[static_cast<std::size_t>(r)] = 1;
+            continue;
+        }
+        K::scale(orow, d, 1.0f / l[r]);
+        bool finite = true;
+        for (std::int64_t c = 0; c < d; ++c) finite &= std::isfinite(orow[c]);
+        if (!finite) sc.bad[static_cast<std::size_t>(r)] = 1;
+    }
+}
+
+// Dense (sel == nullptr) and token-sparse attention over all heads. For KV head g the key set is
+// every key (dense) or the kept list T_g (sparse); query rows are every row (dense, and sparse with
+// attend_selected) or T_g (sparse, zero mode; the other rows are written as zero). Row i sees the keys
+// with position <= n_k - n_q + i.
+template <class Arch, class TQ, class TK, class TO>
+void run_attention(const View3<const TQ>& q, const View3<const TK>& k, const View3<const TK>& v, const View3<TO>& out,
+                   float scale, const TokenSelection* sel, UnselectedRows unselected, Blocking blocking = {}) {
+    const std::int64_t QB = std::max<std::int64_t>(blocking.q_block, 1);
+    const std::int64_t nq = q.shape[0], H = q.shape[1], d = q.shape[2], nk = k.shape[0], Hkv = k.shape[1];
+    const std::int64_t group = H / Hkv, offset = nk - nq;
+    const bool in_place = sel == nullptr && usable_in_place(k) && usable_in_place(v);
+
+    // Largest key set over the KV heads, for the shared packed buffer.
+    std::int64_t max_keys = nk;
+    if (sel) {
+        max_keys = 0;
+        for (std::int64_t g = 0; g < Hkv; ++g) max_keys = std::max<std::int64_t>(max_keys, sel->for_kv_head(g).size());
+    }
+    std::vector<float> kp, vp;
+    if (!in_place) {
+        kp.resize(static_cast<std::size_t>(max_keys * d));
+        vp.resize(static_cast<std::size_t>(max_keys * d));
+    }
+    const int nthreads = max_threads();
+    std::vector<Scratch> scratch(static_cast<std::size_t>(nthreads));
+    const std::int64_t kc = std::min<std::int64_t>(std::max<std::int64_t>(blocking.k_chunk, 1),
+                                                   std::max<std::int64_t>(max_keys, 1));
+    for (auto& s : scratch) s.reserve(QB, d, kc);
+    constexpr std::int64_t kPackRows = 256;
+    ErrorSlot err;
+
+    VLSPARSE_OMP(omp parallel num_threads(nthreads))
+    {
+        Scratch& sc = scratch[static_cast<std::size_t>(thread_id())];
+        for (std::int64_t g = 0; g < Hkv; ++g) {
+            const std::int64_t* keys = nullptr;  // dense: identity (null); sparse: T_g (null when empty)
+            std::int64_t n_keys = nk;
+            if (sel) {
+                const auto T = sel->for_kv_head(g);
+                keys = T.data();
+                n_keys = static_cast<std::int64_t>(T.size());
+            }
+            const bool rows_are_keys = sel && unselected == UnselectedRows::zero;
+            const std::int64_t n_rows = rows_are_keys ? n_keys : nq;
+
+            // Pack this KV head's keys and values (all threads), or use them in place.
+            KeySet ks;
+            ks.n = n_keys;
+            if (in_place) {
+                ks.k = in_place_rows(k, g);
+                ks.ldk = nk == 1 ? d : k.stride[0];  // a single row: its token stride is meaningless
+                ks.v = in_place_rows(v, g);
+                ks.ldv = nk == 1 ? d : v.stride[0];
+            } else {
+                ks.k = kp.data();
+                ks.v = vp.data();
+                ks.ldk = ks.ldv = d;
+                const std::int64_t nchunks = (n_keys + kPackRows - 1) / kPackRows;
+                VLSPARSE_OMP(omp for schedule(static))
+                for (std::int64_t c = 0; c < nchunks; ++c) {
+                    err.run([&] {
+                        const std::int64_t t0 = c * kPackRows, t1 = std::min(n_keys, t0 + kPackRows);
+                        pack_rows(k, g, keys, t0, t1, kp.data());
+                        pack_rows(v, g, keys, t0, t1, vp.data());
+                    });
+                }
+            }
+            // Zero mode: rows not in T_g are zero for every query head of the group.
+            if (rows_are_keys) {
+                VLSPARSE_OMP(omp for schedule(static))
+                for (std::int64_t i = 0; i < nq; ++i) {
+                    if (std::binary_search(keys, keys + n_keys, i)) continue;
+                    for (std::int64_t h = g * group; h < (g + 1) * group; ++h)
+                        zero_row(out.row(i, h), out.stride[2], d);
+                }
+            }
+            // (query head of the group, query block) pairs, most expensive blocks first.
+            const std::int64_t B = rows_per_block(QB, n_rows, group, nthreads);
+            const std::int64_t nblocks = (n_rows + B - 1) / B;
+            const std::int64_t items = nblocks * group;
+            VLSPARSE_OMP(omp for schedule(dynamic, 1))
+            for (std::int64_t w = 0; w < items; ++w) {
+                err.run([&] {
+                    const std::int64_t h = g * group + w % group;
+                    const std::int64_t r0 = (nblocks - 1 - w / group) * B;
+                    const std::int64_t nr = std::min(B, n_rows - r0);
+                    for (std::int64_t r = 0; r < nr; ++r) {
+                        const std::int64_t i = rows_are_keys ? keys[r0 + r] : r0 + r;
+                        sc.rows[static_cast<std::size_t>(r)] = i;
+                        const std::int64_t pos = offset + i;
+                        sc.vis[static_cast<std::size_t>(r)] =
+                            rows_are_keys ? r0 + r + 1
+                            : sel         ? std::upper_bound(keys, keys + n_keys, pos) - keys
+                                          : pos + 1;
+                        widen_row(q.row(i, h), q.stride[2], sc.q.data() + r * d, d);
+                    }
+                    attend_block<Arch>(sc.q.data(), nr, d, ks, sc.vis.data(), scale, kc, sc);
+                    for (std::int64_t r = 0; r < nr; ++r) {
+                        const std::int64_t i = sc.rows[static_cast<std::size_t>(r)];
+                        TO* dst = out.row(i, h);
+                        if (sc.bad[static_cast<std::size_t>(r)]) {
+                            attend_row_double(q.row(i, h), q.stride[2], k, v, g, keys,
+                                              sc.vis[static_cast<std::size_t>(r)], static_cast<double>(scale), sc.dp,
+                                              sc.dout.data());
+                            for (std::int64_t c = 0; c < d; ++c)
+                                store(dst[c * out.stride[2]], sc.dout[static_cast<std::size_t>(c)]);
+                        } else {
+                            store_row(dst, out.stride[2], sc.o.data() + r * d, d);
+                        }
+                    }
+                });
+            }
+        }
+    }
+    err.rethrow();
+}
+
+// True when every element of x is finite: the all_finite kernel on contiguous fp32 rows, a test of
+// the exponent bits otherwise; several times faster than the exact check, which runs only when
+// this finds something (so the error names the element exactly as the reference's does).
+template <class T>
+bool all_finite_fast(const View3<const T>& x) {
+    using U = std::remove_const_t<T>;
+    if constexpr (std::is_same_v<U, float>) {
+        if (x.stride[2] == 1) {
+            for (std::int64_t i = 0; i < x.shape[0]; ++i)
+                for (std::int64_t j = 0; j < x.shape[1]; ++j)
+                    if (!Kernels<native_arch>::all_finite(x.row(i, j), x.shape[2])) return false;
+            return true;
+        }
+    }
+    constexpr std::uint32_t mask = std::is_same_v<U, float> ? 0x7F800000u : std::is_same_v<U, half> ? 0x7C00u : 0x7F80u;
+    auto bits = [](const U& e) -> std::uint32_t {
+        if constexpr (std::is_same_v<U, float>) {
+            std::uint32_t u;
+            std::memcpy(&u, &e, sizeof u);
+            return u;
+        } else {
+            return e.bits;
+        }
+    };
+    const std::int64_t d = x.shape[2], s = x.stride[2];
+    for (std::int64_t i = 0; i < x.shape[0]; ++i)
+        for (std::int64_t j = 0; j < x.shape[1]; ++j) {
+            const T* row = x.row(i, j);
+            std::uint32_t bad = 0;
+            if (s == 1) {
+                for (std::int64_t c = 0; c < d; ++c) bad |= static_cast<std::uint32_t>((bits(row[c]) & mask) == mask);
+            } else {
+                for (std::int64_t c = 0; c < d; ++c) bad |= static_cast<std::uint32_t>((bits(row[c * s]) & mask) == mask);
+            }
+            if (bad) return false;
+        }
+    return true;
+}
+
+template <class T>
+void check_finite_fast(const View3<const T>& x, const char* fn, const char* name) {
+    if (!all_finite_fast(x)) check_finite(x, fn, name);
+}
+
+template <class TQ, class TK>
+void check_all_finite(const View3<const TQ>& q, const View3<const TK>& k, const View3<const TK>& v, const char* fn) {
+    check_finite_fast(q, fn, "q");
+    check_finite_fast(k, fn, "k");
+    check_finite_fast(v, fn, "v");
+}
+
+}  // namespace detail
+
+// Dense causal attention. q [n_q, H, d], k, v [n_k, H_kv, d], out [n_q, H, d]; n_q <= n_k.
+// Query i sits at position n_k - n_q + i. `Arch` picks the instruction set of the softmax kernels
+// (default: what the consumer's flags allow; detail::scalar_arch forces the scalar kernels).
+template <ElementType TQ, ElementType TK, OutputElement TO, class Arch = detail::native_arch>
+void dense_attention(View3<const TQ> q, View3<const TK> k, View3<const TK> v, View3<TO> out,
+                     const AttentionOptions& opt = {}) {
+    constexpr const char* fn = "simd::dense_attention";
+    detail::check_qkv(q, k, v, fn);
+    const std::int64_t nq = q.shape[0], H = q.shape[1], d = q.shape[2], nk = k.shape[0];
+    detail::require(nq <= nk, fn, "q has ", nq, " tokens and k has ", nk, ", expected n_q <= n_k");
+    detail::check_out3(out, {nq, H, d}, q, k, v, fn, "out");
+    if (opt.check_finite) detail::check_all_finite(q, k, v, fn);
+    const float scale = detail::resolve_scale(opt, d, fn);
+    detail::run_attention<Arch>(q, k, v, out, scale, nullptr, UnselectedRows::zero);
+}
+
+}  // namespace vlsparse::simd
