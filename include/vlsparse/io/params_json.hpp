@@ -1,0 +1,116 @@
+// vlsparse/io/params_json.hpp -- Params structs to and from JSON (golden manifests, scenarios).
+//
+// Reading is strict: an unknown key, a wrong type or an unknown enum name throws vlsparse::error
+// naming the key, so a typo in a manifest or scenario never silently falls back to a default.
+// Needs nlohmann/json. Include: <vlsparse/io/params_json.hpp>
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "vlsparse/core/error.hpp"
+#include "vlsparse/policies/zipvl_params.hpp"
+
+namespace vlsparse {
+
+namespace detail {
+
+template <class E, std::size_t N>
+E enum_from_json(const nlohmann::json& j, const char* key, const std::pair<E, const char*> (&names)[N],
+                 const std::string& where) {
+    require(j.is_string(), "params_from_json", where, key, ": expected a string");
+    const auto s = j.get<std::string>();
+    std::string options;
+    for (const auto& [e, name] : names) {
+        if (s == name) return e;
+        options += (options.empty() ? "" : ", ") + std::string(name);
+    }
+    throw error("params_from_json", concat(where, key, ": unknown value '", s, "', expected one of ", options));
+}
+
+inline void check_keys(const nlohmann::json& j, const std::set<std::string>& known, const std::string& where) {
+    require(j.is_object(), "params_from_json", where, ": expected an object");
+    for (const auto& [k, v] : j.items())
+        require(known.count(k) > 0, "params_from_json", where, ": unknown key '", k, "'");
+}
+
+template <class T>
+void read_number(const nlohmann::json& j, const char* key, T& out, const std::string& where) {
+    if (!j.contains(key)) return;
+    const auto& v = j.at(key);
+    if constexpr (std::is_same_v<T, bool>) {
+        require(v.is_boolean(), "params_from_json", where, key, ": expected true or false");
+        out = v.get<bool>();
+    } else if constexpr (std::is_integral_v<T>) {
+        require(v.is_number_integer(), "params_from_json", where, key, ": expected an integer");
+        out = v.get<T>();
+    } else {
+        require(v.is_number(), "params_from_json", where, key, ": expected a number");
+        out = v.get<T>();
+    }
+}
+
+inline constexpr std::pair<ZipVLGrouping, const char*> kGroupingNames[] = {{ZipVLGrouping::layer, "layer"},
+                                                                          {ZipVLGrouping::kv_head, "kv_head"}};
+inline constexpr std::pair<ZipVLNnz, const char*> kNnzNames[] = {{ZipVLNnz::causal_column, "causal_column"},
+                                                                {ZipVLNnz::probe_rows, "probe_rows"}};
+inline constexpr std::pair<ZipVLProbes, const char*> kProbeNames[] = {{ZipVLProbes::counts, "counts"},
+                                                                     {ZipVLProbes::ratios, "ratios"}};
+inline constexpr std::pair<UnselectedRows, const char*> kUnselectedNames[] = {
+    {UnselectedRows::zero, "zero"}, {UnselectedRows::attend_selected, "attend_selected"}};
+
+}  // namespace detail
+
+inline nlohmann::json to_json(const ZipVLParams& P) {
+    return nlohmann::json{
+        {"tau", P.tau},
+        {"probe_mode", std::string(to_string(P.probe_mode))},
+        {"probe_recent", P.probe_recent},
+        {"probe_random", P.probe_random},
+        {"probe_recent_ratio", P.probe_recent_ratio},
+        {"probe_random_ratio", P.probe_random_ratio},
+        {"seed", P.seed},
+        {"grouping", std::string(to_string(P.grouping))},
+        {"nnz", std::string(to_string(P.nnz))},
+        {"keep_last", P.keep_last},
+        {"keep_text", P.keep_text},
+        {"dense_layers", P.dense_layers},
+        {"unselected", std::string(to_string(P.unselected))},
+        {"scale", P.scale},
+        {"check_finite", P.check_finite},
+    };
+}
+
+// Keys not present keep their defaults; unknown keys are an error. `where` prefixes messages
+// (e.g. a JSON path such as "policies[0].params.").
+inline ZipVLParams zipvl_params_from_json(const nlohmann::json& j, const std::string& where = "") {
+    detail::check_keys(j,
+                       {"tau", "probe_mode", "probe_recent", "probe_random", "probe_recent_ratio", "probe_random_ratio",
+                        "seed", "grouping", "nnz", "keep_last", "keep_text", "dense_layers", "unselected", "scale",
+                        "check_finite"},
+                       where);
+    ZipVLParams P;
+    detail::read_number(j, "tau", P.tau, where);
+    detail::read_number(j, "probe_recent", P.probe_recent, where);
+    detail::read_number(j, "probe_random", P.probe_random, where);
+    detail::read_number(j, "probe_recent_ratio", P.probe_recent_ratio, where);
+    detail::read_number(j, "probe_random_ratio", P.probe_random_ratio, where);
+    detail::read_number(j, "seed", P.seed, where);
+    detail::read_number(j, "keep_last", P.keep_last, where);
+    detail::read_number(j, "keep_text", P.keep_text, where);
+    detail::read_number(j, "dense_layers", P.dense_layers, where);
+    detail::read_number(j, "scale", P.scale, where);
+    detail::read_number(j, "check_finite", P.check_finite, where);
+    if (j.contains("probe_mode")) P.probe_mode = detail::enum_from_json(j["probe_mode"], "probe_mode", detail::kProbeNames, where);
+    if (j.contains("grouping")) P.grouping = detail::enum_from_json(j["grouping"], "grouping", detail::kGroupingNames, where);
+    if (j.contains("nnz")) P.nnz = detail::enum_from_json(j["nnz"], "nnz", detail::kNnzNames, where);
+    if (j.contains("unselected"))
+        P.unselected = detail::enum_from_json(j["unselected"], "unselected", detail::kUnselectedNames, where);
+    detail::check_zipvl_params(P, "zipvl_params_from_json");
+    return P;
+}
+
+}  // namespace vlsparse

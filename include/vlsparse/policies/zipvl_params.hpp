@@ -1,0 +1,147 @@
+// vlsparse/policies/zipvl_params.hpp -- ZipVL parameters and the backend-independent steps
+// (probe choice, argument checks, result type), shared by the reference, SIMD and CUDA paths.
+//
+// ZipVL (He et al., seed 000, Sections 4.1-4.2 and Supplementary A):
+//   probes P (recent + random), A'[h,p,j] = softmax_{j <= p}(scale q_p . k_j)
+//   a_j  = sum_{h in group} sum_{p in P} A'[h,p,j]                         accumulated score
+//   p    = min { p : sum of the p largest a_j >= tau * M },  M = |group| * |P|   (Eq. 7)
+//   a~_j = a_j / nnz_j                                                    normalized score (Eq. 8)
+//   T    = topk(a~, p)  (+ optional forced keeps)                         important set (Eq. 9)
+// Include: <vlsparse/policies/zipvl.hpp> (SIMD path) or <vlsparse/reference/zipvl.hpp> (reference).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "vlsparse/attention/common.hpp"
+#include "vlsparse/core/error.hpp"
+#include "vlsparse/core/layout.hpp"
+#include "vlsparse/core/rng.hpp"
+#include "vlsparse/core/selection.hpp"
+#include "vlsparse/kv/kv_cache.hpp"
+
+namespace vlsparse {
+
+// How query heads are grouped into one score vector, one ratio p and one kept set.
+enum class ZipVLGrouping : std::uint8_t {
+    layer,    // one set per layer, scores summed over all query heads (paper default)
+    kv_head,  // one set per KV head, scores summed over the query heads of its GQA group
+};
+
+// Denominator of the normalized score a~_j = a_j / nnz_j.
+enum class ZipVLNnz : std::uint8_t {
+    causal_column,  // nnz_j = n - j: the column's non-zeros in the full causal matrix (Eq. 8, authors' code)
+    probe_rows,     // nnz_j = |group| * #{p in P : p >= j}: the non-zeros the probes actually contribute
+};
+
+// How the probe counts are given.
+enum class ZipVLProbes : std::uint8_t {
+    counts,  // probe_recent and probe_random tokens (paper: 64 + 64)
+    ratios,  // ceil(probe_recent_ratio * n) + ceil(probe_random_ratio * n) (ZipCache-style 5% + 5%)
+};
+
+constexpr std::string_view to_string(ZipVLGrouping g) { return g == ZipVLGrouping::layer ? "layer" : "kv_head"; }
+constexpr std::string_view to_string(ZipVLNnz m) { return m == ZipVLNnz::causal_column ? "causal_column" : "probe_rows"; }
+constexpr std::string_view to_string(ZipVLProbes m) { return m == ZipVLProbes::counts ? "counts" : "ratios"; }
+constexpr std::string_view to_string(UnselectedRows u) {
+    return u == UnselectedRows::zero ? "zero" : "attend_selected";
+}
+
+struct ZipVLParams {
+    double tau = 0.975;  // attention mass to retain, 0 < tau <= 1
+
+    ZipVLProbes probe_mode = ZipVLProbes::counts;
+    std::int64_t probe_recent = 64;   // the last positions (always including n-1)
+    std::int64_t probe_random = 64;   // drawn without replacement from [0, n - recent)
+    double probe_recent_ratio = 0.05; // used when probe_mode == ratios
+    double probe_random_ratio = 0.05;
+    std::uint64_t seed = 0;           // probes of layer l use SplitMix64(seed + l)
+
+    ZipVLGrouping grouping = ZipVLGrouping::layer;
+    ZipVLNnz nnz = ZipVLNnz::causal_column;
+
+    // Options, all off by default as in the paper.
+    std::int64_t keep_last = 0;   // always keep the last r tokens
+    bool keep_text = false;       // never evict text tokens (needs the prompt layout)
+    std::int64_t dense_layers = 0;  // layers 0 .. dense_layers-1 stay dense (no selection, no eviction)
+    UnselectedRows unselected = UnselectedRows::zero;  // prefill output of rows outside T
+
+    float scale = 0.0f;        // softmax scale; 0 = 1/sqrt(d)
+    bool check_finite = true;  // fast paths: reject NaN/Inf inputs (the reference always does)
+
+    AttentionOptions attention() const { return {scale, check_finite}; }
+};
+
+// Everything ZipVL decides for one layer. G = 1 (layer-wise) or H_kv (per KV head) groups.
+struct ZipVLSelection {
+    std::int64_t n = 0;
+    bool dense = false;                             // layer < dense_layers: everything kept, nothing computed
+    std::vector<std::int64_t> probes;               // probe positions, ascending
+    std::int64_t heads_per_group = 0;               // query heads summed into each group's scores
+    std::vector<std::vector<double>> accumulated;   // [G][n] a_j
+    std::vector<std::vector<double>> normalized;    // [G][n] a~_j
+    std::vector<std::int64_t> p;                    // [G] adaptive count from tau
+    TokenSelection selection;                       // [G] kept lists: topk(a~, p) plus forced keeps
+
+    std::int64_t groups() const { return static_cast<std::int64_t>(p.size()); }
+    double kept_ratio() const { return selection.kept_ratio(); }
+};
+
+namespace detail {
+
+inline void check_zipvl_params(const ZipVLParams& P, const char* fn) {
+    require(P.tau > 0.0 && P.tau <= 1.0, fn, "tau = ", P.tau, ", expected 0 < tau <= 1");
+    if (P.probe_mode == ZipVLProbes::counts) {
+        require(P.probe_recent >= 0 && P.probe_random >= 0, fn, "probe counts (recent ", P.probe_recent, ", random ",
+                P.probe_random, ") must be >= 0");
+        require(P.probe_recent + P.probe_random > 0, fn, "probe_recent + probe_random = 0, expected at least one probe");
+    } else {
+        require(P.probe_recent_ratio >= 0.0 && P.probe_recent_ratio <= 1.0 && P.probe_random_ratio >= 0.0 &&
+                    P.probe_random_ratio <= 1.0,
+                fn, "probe ratios (recent ", P.probe_recent_ratio, ", random ", P.probe_random_ratio,
+                ") must be in [0, 1]");
+        require(P.probe_recent_ratio + P.probe_random_ratio > 0.0, fn,
+                "probe_recent_ratio + probe_random_ratio = 0, expected at least one probe");
+    }
+    require(P.keep_last >= 0, fn, "keep_last = ", P.keep_last, ", expected >= 0");
+    require(P.dense_layers >= 0, fn, "dense_layers = ", P.dense_layers, ", expected >= 0");
+}
+
+}  // namespace detail
+
+// The probe positions of ZipVL for a sequence of n tokens in layer `layer` (ARCHITECTURE.md 4.1):
+// the last max(recent, 1) positions plus `random` positions drawn without replacement from [0, n - recent)
+// with SplitMix64(seed + layer); every position when n <= recent + random. Ascending.
+inline std::vector<std::int64_t> zipvl_probes(std::int64_t n, std::int64_t layer, const ZipVLParams& P) {
+    constexpr const char* fn = "zipvl_probes";
+    detail::check_zipvl_params(P, fn);
+    detail::require(n > 0, fn, "n = ", n, ", expected n > 0 (empty input)");
+    detail::require(layer >= 0, fn, "layer = ", layer, ", expected >= 0");
+    std::int64_t recent = P.probe_recent, random = P.probe_random;
+    if (P.probe_mode == ZipVLProbes::ratios) {
+        recent = static_cast<std::int64_t>(std::ceil(P.probe_recent_ratio * static_cast<double>(n)));
+        random = static_cast<std::int64_t>(std::ceil(P.probe_random_ratio * static_cast<double>(n)));
+    }
+    std::vector<std::int64_t> out;
+    if (n <= recent + random) {
+        out.resize(static_cast<std::size_t>(n));
+        for (std::int64_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = i;
+        return out;
+    }
+    recent = std::max<std::int64_t>(recent, 1);  // n-1 is always a probe, so recent is at least 1
+    out = sample_without_replacement(n - recent, random, P.seed + static_cast<std::uint64_t>(layer));
+    for (std::int64_t i = n - recent; i < n; ++i) out.push_back(i);
+    return out;
+}
+
+// Eviction: the layer's cache keeps the selected positions (nothing is evicted in a dense layer).
+template <ElementType TC>
+void zipvl_evict(KvCache<TC>& cache, const ZipVLSelection& s) {
+    if (!s.dense) cache.keep(s.selection);
+}
+
+}  // namespace vlsparse

@@ -1,0 +1,148 @@
+// vlsparse/reference/zipvl.hpp -- the exact scalar reference of ZipVL (seed 000, Sections 4.1-4.2, Supp. A).
+//
+//   A'[h,p,j] = softmax_{j <= p}(scale * q_{p,h} . k_{j,g(h)})       probe attention (Eq. A)
+//   a_j       = sum_{h in group} sum_{p in P} A'[h,p,j]             accumulated score
+//   p         = min { p : sum of the p largest a_j >= tau * |group| * |P| }   (Eq. 7)
+//   a~_j      = a_j / nnz_j                                          (Eq. 8)
+//   T         = topk(a~, p) (larger first, ties by lower position)  (Eq. 9), plus forced keeps
+//
+// Plain loops, double accumulation, full sorts instead of selection algorithms: an implementation
+// independent of the SIMD path's, readable beside the paper. Include: <vlsparse/reference/zipvl.hpp>
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <span>
+#include <vector>
+
+#include "vlsparse/core/layout.hpp"
+#include "vlsparse/kv/kv_cache.hpp"
+#include "vlsparse/policies/zipvl_params.hpp"
+#include "vlsparse/reference/attention.hpp"
+
+namespace vlsparse::reference {
+
+namespace detail {
+
+// Index order by (score descending, position ascending), by a full stable sort.
+inline std::vector<std::int64_t> ranked(const std::vector<double>& s) {
+    std::vector<std::int64_t> idx(s.size());
+    std::iota(idx.begin(), idx.end(), std::int64_t{0});
+    std::stable_sort(idx.begin(), idx.end(), [&](std::int64_t a, std::int64_t b) { return s[a] > s[b]; });
+    return idx;
+}
+
+// Steps after the accumulated scores: p, normalized scores, top-k, forced keeps.
+inline void zipvl_finish(ZipVLSelection& r, const Layout& layout, const ZipVLParams& P, const char* fn) {
+    const std::int64_t n = r.n, G = static_cast<std::int64_t>(r.accumulated.size());
+    const double total = static_cast<double>(r.heads_per_group) * static_cast<double>(r.probes.size());
+    r.normalized.assign(static_cast<std::size_t>(G), std::vector<double>(static_cast<std::size_t>(n), 0.0));
+    r.p.assign(static_cast<std::size_t>(G), 0);
+    r.selection = TokenSelection{};
+    r.selection.n = n;
+    r.selection.indices.resize(static_cast<std::size_t>(G));
+    for (std::int64_t g = 0; g < G; ++g) {
+        const auto& a = r.accumulated[static_cast<std::size_t>(g)];
+        auto& an = r.normalized[static_cast<std::size_t>(g)];
+        for (std::int64_t j = 0; j < n; ++j)
+            require(std::isfinite(a[static_cast<std::size_t>(j)]), fn, "accumulated score ", j, " is not finite");
+        // Eq. 7 on the accumulated scores.
+        const auto by_a = ranked(a);
+        double acc = 0.0;
+        std::int64_t p = n;
+        for (std::int64_t t = 0; t < n; ++t) {
+            acc += a[static_cast<std::size_t>(by_a[static_cast<std::size_t>(t)])];
+            if (acc >= P.tau * total) {
+                p = t + 1;
+                break;
+            }
+        }
+        r.p[static_cast<std::size_t>(g)] = p;
+        // Eq. 8.
+        for (std::int64_t j = 0; j < n; ++j) {
+            double nnz = 0.0;
+            if (P.nnz == ZipVLNnz::causal_column) {
+                nnz = static_cast<double>(n - j);
+            } else {
+                for (auto q : r.probes) nnz += q >= j ? 1.0 : 0.0;
+                nnz *= static_cast<double>(r.heads_per_group);
+            }
+            an[static_cast<std::size_t>(j)] = nnz > 0.0 ? a[static_cast<std::size_t>(j)] / nnz : 0.0;
+        }
+        // Eq. 9 plus the forced keeps.
+        std::vector<std::uint8_t> keep(static_cast<std::size_t>(n), 0);
+        const auto by_an = ranked(an);
+        for (std::int64_t t = 0; t < p; ++t) keep[static_cast<std::size_t>(by_an[static_cast<std::size_t>(t)])] = 1;
+        for (std::int64_t j = std::max<std::int64_t>(0, n - P.keep_last); j < n; ++j) keep[static_cast<std::size_t>(j)] = 1;
+        if (P.keep_text)
+            for (std::int64_t j = 0; j < n; ++j)
+                if (layout.is_text(j)) keep[static_cast<std::size_t>(j)] = 1;
+        auto& list = r.selection.indices[static_cast<std::size_t>(g)];
+        for (std::int64_t j = 0; j < n; ++j)
+            if (keep[static_cast<std::size_t>(j)]) list.push_back(j);
+    }
+    r.selection.scores = r.normalized;
+}
+
+}  // namespace detail
+
+// ZipVL's selection for layer `layer`: probes, scores, p and the kept set. q [n, H, d], k [n, H_kv, d].
+// `probes` overrides the probe choice (sorted ascending, unique, in [0, n)); empty = zipvl_probes().
+template <ElementType TQ, ElementType TK>
+ZipVLSelection zipvl_select(View3<const TQ> q, View3<const TK> k, const Layout& layout, std::int64_t layer,
+                            const ZipVLParams& P, std::span<const std::int64_t> probes = {}) {
+    constexpr const char* fn = "reference::zipvl_select";
+    detail::check_zipvl_params(P, fn);
+    detail::check_qkv(q, k, k, fn);
+    const std::int64_t n = q.shape[0], H = q.shape[1], Hkv = k.shape[1];
+    detail::require(k.shape[0] == n, fn, "q has ", n, " tokens and k has ", k.shape[0], ", expected equal (prefill)");
+    detail::require(layer >= 0, fn, "layer = ", layer, ", expected >= 0");
+    layout.require_tokens(n, fn);
+    detail::check_finite(q, fn, "q");
+    detail::check_finite(k, fn, "k");
+
+    ZipVLSelection r;
+    r.n = n;
+    const std::int64_t G = P.grouping == ZipVLGrouping::layer ? 1 : Hkv;
+    r.heads_per_group = H / G;
+    if (layer < P.dense_layers) {
+        r.dense = true;
+        r.p.assign(static_cast<std::size_t>(G), n);
+        r.selection = TokenSelection::all(n);
+        return r;
+    }
+    if (probes.empty()) {
+        r.probes = zipvl_probes(n, layer, P);
+    } else {
+        detail::check_sorted_unique(probes, n, fn, "probes");
+        r.probes.assign(probes.begin(), probes.end());
+    }
+    const auto np = static_cast<std::int64_t>(r.probes.size());
+    std::vector<double> probs(static_cast<std::size_t>(H * np * n));
+    probe_attention(q, k, std::span<const std::int64_t>(r.probes), View3<double>(probs.data(), {H, np, n}),
+                    P.attention());
+    r.accumulated.assign(static_cast<std::size_t>(G), std::vector<double>(static_cast<std::size_t>(n), 0.0));
+    for (std::int64_t h = 0; h < H; ++h) {
+        auto& a = r.accumulated[static_cast<std::size_t>(h / r.heads_per_group)];
+        for (std::int64_t p = 0; p < np; ++p)
+            for (std::int64_t j = 0; j < n; ++j) a[static_cast<std::size_t>(j)] += probs[static_cast<std::size_t>((h * np + p) * n + j)];
+    }
+    detail::zipvl_finish(r, layout, P, fn);
+    return r;
+}
+
+// Token-sparse prefill (Algorithm 1): attention restricted to the kept set, rows outside it per
+// P.unselected. A dense layer runs dense attention. out [n, H, d].
+template <ElementType TQ, ElementType TK, OutputElement TO>
+void zipvl_prefill(View3<const TQ> q, View3<const TK> k, View3<const TK> v, const ZipVLSelection& s, View3<TO> out,
+                   const ZipVLParams& P) {
+    if (s.dense) {
+        dense_attention(q, k, v, out, P.attention());
+        return;
+    }
+    sparse_attention(q, k, v, s.selection, out, P.unselected, P.attention());
+}
+
+}  // namespace vlsparse::reference
