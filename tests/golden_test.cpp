@@ -1,0 +1,141 @@
+// Golden files: the reference reproduces every golden/zipvl case, and the SIMD path meets each
+// output's metric and tolerance from the manifest (the same bar a port must clear).
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+
+#include <vlsparse/attention/decode.hpp>
+#include <vlsparse/policies/zipvl.hpp>
+#include <vlsparse/reference/zipvl.hpp>
+#include <vlsparse/reference/zipvl_golden.hpp>
+
+namespace fs = std::filesystem;
+using namespace vlsparse;
+
+namespace {
+
+fs::path golden_root() {
+    if (const char* d = std::getenv("VLSPARSE_GOLDEN_DIR")) return d;
+    return fs::path(VLSPARSE_SOURCE_DIR) / "golden";
+}
+
+std::vector<fs::path> cases(const std::string& algorithm) {
+    std::vector<fs::path> out;
+    for (const auto& e : fs::directory_iterator(golden_root() / algorithm))
+        if (e.is_directory()) out.push_back(e.path());
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
+struct ReferenceBackend {
+    template <class T>
+    static ZipVLSelection select(View3<const T> q, View3<const T> k, const Layout& l, std::int64_t layer,
+                                 const ZipVLParams& P) {
+        return reference::zipvl_select(q, k, l, layer, P);
+    }
+    template <class T>
+    static void prefill(View3<const T> q, View3<const T> k, View3<const T> v, const ZipVLSelection& s, View3<float> o,
+                        const ZipVLParams& P) {
+        reference::zipvl_prefill(q, k, v, s, o, P);
+    }
+    template <class T>
+    static void decode(View2<const T> q, const KvCache<T>& c, View2<float> o, const AttentionOptions& opt) {
+        reference::decode_attention(q, c, o, opt);
+    }
+};
+
+struct SimdBackend {
+    template <class T>
+    static ZipVLSelection select(View3<const T> q, View3<const T> k, const Layout& l, std::int64_t layer,
+                                 const ZipVLParams& P) {
+        return simd::zipvl_select(q, k, l, layer, P);
+    }
+    template <class T>
+    static void prefill(View3<const T> q, View3<const T> k, View3<const T> v, const ZipVLSelection& s, View3<float> o,
+                        const ZipVLParams& P) {
+        simd::zipvl_prefill(q, k, v, s, o, P);
+    }
+    template <class T>
+    static void decode(View2<const T> q, const KvCache<T>& c, View2<float> o, const AttentionOptions& opt) {
+        simd::decode_attention(q, c, o, opt);
+    }
+};
+
+template <class Backend>
+void check_case(const fs::path& dir, const char* backend) {
+    INFO("case " << dir.string() << ", backend " << backend);
+    GoldenManifest m;
+    const auto inputs = golden::read_zipvl_inputs(dir, &m);
+    const auto outputs = golden::run_zipvl_case<Backend>(inputs);
+    std::set<std::string> produced;
+    for (const auto& o : outputs) {
+        produced.insert(o.name);
+        const GoldenTensor& spec = m.output(o.name);
+        const auto [metric, tol] = golden::zipvl_output_metric(o.name);
+        REQUIRE(spec.metric == metric);  // the manifest states the metric the library documents
+        REQUIRE(spec.tol == tol);
+        const CompareResult r = compare(spec, read_tensor(dir, spec), o.array);
+        INFO("output " << o.name << ": " << r.detail);
+        REQUIRE(r.pass);
+    }
+    for (const auto& t : m.outputs) REQUIRE(produced.count(t.name) == 1);
+}
+
+}  // namespace
+
+TEST_CASE("golden zipvl: the suite covers the required cases", "[golden]") {
+    const auto all = cases("zipvl");
+    REQUIRE(all.size() >= 6);
+    std::set<std::string> dtypes, groupings, nnz;
+    bool multi_image = false, small_n = false, gqa = false, mha = false;
+    for (const auto& dir : all) {
+        GoldenManifest m;
+        const auto c = golden::read_zipvl_inputs(dir, &m);
+        dtypes.insert(c.dtype);
+        groupings.insert(m.params.at("grouping").get<std::string>());
+        nnz.insert(m.params.at("nnz").get<std::string>());
+        std::int64_t images = 0;
+        for (const auto& s : c.layout.segments()) images += s.kind == SegmentKind::image;
+        multi_image |= images >= 2;
+        small_n |= c.n <= c.params.probe_recent + c.params.probe_random;
+        gqa |= c.Hkv < c.H;
+        mha |= c.Hkv == c.H;
+    }
+    REQUIRE(dtypes.count("fp32"));
+    REQUIRE(dtypes.count("bf16"));
+    REQUIRE(groupings == std::set<std::string>{"layer", "kv_head"});
+    REQUIRE(nnz == std::set<std::string>{"causal_column", "probe_rows"});
+    REQUIRE(multi_image);
+    REQUIRE(small_n);
+    REQUIRE(gqa);
+    REQUIRE(mha);
+}
+
+TEST_CASE("golden zipvl: the reference reproduces every case", "[golden]") {
+    for (const auto& dir : cases("zipvl")) check_case<ReferenceBackend>(dir, "reference");
+}
+
+TEST_CASE("golden zipvl: the SIMD path meets every case's tolerances", "[golden]") {
+    for (const auto& dir : cases("zipvl")) check_case<SimdBackend>(dir, "simd");
+}
+
+TEST_CASE("golden zipvl: a corrupted output is caught with its first difference", "[golden]") {
+    const auto dir = cases("zipvl").front();
+    const GoldenManifest m = read_manifest(dir);
+    const GoldenTensor& spec = m.output("kept_mask");
+    const NpyArray good = read_tensor(dir, spec);
+    NpyArray bad = good;
+    bad.data[3] = bad.data[3] == std::byte{0} ? std::byte{1} : std::byte{0};
+    REQUIRE(compare(spec, good, good).pass);
+    const auto r = compare(spec, good, bad);
+    REQUIRE_FALSE(r.pass);
+    REQUIRE_THAT(r.detail, Catch::Matchers::Contains("3"));
+    // An attention output off by 1% of its norm fails the nmse bar (1e-8).
+    const GoldenTensor& po = m.output("prefill_out");
+    const NpyArray ref = read_tensor(dir, po);
+    auto vals = ref.to_vector<float>();
+    for (auto& x : vals) x *= 1.01f;
+    REQUIRE_FALSE(compare(po, ref, NpyArray::from(vals.data(), ref.shape)).pass);
+}
