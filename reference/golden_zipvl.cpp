@@ -1,0 +1,261 @@
+// ZipVL golden cases for vlsparse-golden (see golden_gen.cpp and docs/golden-format.md).
+//
+// Each case is small (well under 1 MB), built from the structured synthetic generator so the
+// selections are meaningful, and checked for decision margins: a case whose adaptive count p or
+// top-k cutoff sits within rounding of a boundary is rejected (a port could then legitimately
+// differ), except where exact ties are the point of the case.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <vlsparse/reference/zipvl.hpp>
+#include <vlsparse/reference/zipvl_golden.hpp>
+#include <vlsparse/sim/synthetic.hpp>
+
+namespace fs = std::filesystem;
+using namespace vlsparse;
+
+namespace {
+
+struct ReferenceBackend {
+    template <class T>
+    static ZipVLSelection select(View3<const T> q, View3<const T> k, const Layout& l, std::int64_t layer,
+                                 const ZipVLParams& P) {
+        return reference::zipvl_select(q, k, l, layer, P);
+    }
+    template <class T>
+    static void prefill(View3<const T> q, View3<const T> k, View3<const T> v, const ZipVLSelection& s, View3<float> o,
+                        const ZipVLParams& P) {
+        reference::zipvl_prefill(q, k, v, s, o, P);
+    }
+    template <class T>
+    static void decode(View2<const T> q, const KvCache<T>& c, View2<float> o, const AttentionOptions& opt) {
+        reference::decode_attention(q, c, o, opt);
+    }
+};
+
+struct CaseDef {
+    std::string name, description, dtype, layout;
+    std::int64_t H, Hkv, d, layer = 0, steps = 3;
+    ZipVLParams params{};
+    bool uniform_q = false;  // q = 0: uniform attention, exact ties
+    std::uint64_t seed = 1;
+};
+
+float round_to(const std::string& dtype, float x) {
+    if (dtype == "fp16") return to_float(half(x));
+    if (dtype == "bf16") return to_float(bfloat16(x));
+    return x;
+}
+
+// Smallest relative margin of the decisions of a selection (p boundary and top-k cutoff); exact
+// ties (margin 0 from equal values, resolved by position) are skipped.
+double decision_margin(const ZipVLSelection& s, const ZipVLParams& P) {
+    double worst = 1.0;
+    for (std::size_t g = 0; g < s.p.size(); ++g) {
+        const auto n = static_cast<std::int64_t>(s.accumulated[g].size());
+        std::vector<double> a = s.accumulated[g], an = s.normalized[g];
+        std::sort(a.begin(), a.end(), std::greater<double>());
+        std::sort(an.begin(), an.end(), std::greater<double>());
+        const double M = static_cast<double>(s.heads_per_group) * static_cast<double>(s.probes.size());
+        const std::int64_t p = s.p[g];
+        double before = 0.0;
+        for (std::int64_t t = 0; t + 1 < p; ++t) before += a[static_cast<std::size_t>(t)];
+        const double after = before + a[static_cast<std::size_t>(p - 1)];
+        if (p < n || after > P.tau * M) worst = std::min(worst, (after - P.tau * M) / M);
+        if (p > 1 || before > 0) worst = std::min(worst, (P.tau * M - before) / M);
+        if (p < n) {
+            const double gap = an[static_cast<std::size_t>(p - 1)] - an[static_cast<std::size_t>(p)];
+            if (gap != 0.0) worst = std::min(worst, gap / an[0]);
+        }
+    }
+    return worst;
+}
+
+void write_case(const fs::path& root, const CaseDef& def) {
+    const Layout layout = Layout::parse(def.layout);
+    const std::int64_t n = layout.n();
+    sim::SyntheticParams S;
+    S.n_heads = def.H;
+    S.n_kv_heads = def.Hkv;
+    S.head_dim = def.d;
+    S.seed = def.seed;
+    const auto L = sim::synthetic_layer(layout, S, def.layer);
+    const auto D = sim::synthetic_layer(Layout::text_only(def.steps), [&] {
+        auto s2 = S;
+        s2.seed = def.seed + 1000;
+        return s2;
+    }(), def.layer);
+
+    golden::ZipVLCaseInputs c;
+    c.dtype = def.dtype;
+    c.n = n;
+    c.H = def.H;
+    c.Hkv = def.Hkv;
+    c.d = def.d;
+    c.layer = def.layer;
+    c.steps = def.steps;
+    c.layout = layout;
+    c.params = def.params;
+    auto rounded = [&](const std::vector<float>& x) {
+        std::vector<float> y(x.size());
+        for (std::size_t i = 0; i < x.size(); ++i) y[i] = round_to(def.dtype, x[i]);
+        return y;
+    };
+    c.q = def.uniform_q ? std::vector<float>(L.q.size(), 0.0f) : rounded(L.q);
+    c.k = rounded(L.k);
+    c.v = rounded(L.v);
+    c.dq = rounded(D.q);
+    c.dk = rounded(D.k);
+    c.dv = rounded(D.v);
+
+    // Margin check on the reference's own decisions.
+    {
+        std::vector<float> q = c.q, k = c.k;
+        const auto s = reference::zipvl_select(View3<const float>(q.data(), {n, c.H, c.d}),
+                                               View3<const float>(k.data(), {n, c.Hkv, c.d}), layout, c.layer, c.params);
+        if (!s.dense) {
+            const double m = decision_margin(s, c.params);
+            std::printf("  %-28s n=%-4lld H=%lld/%lld d=%-3lld %-4s p=%-4lld kept %5.1f%%  margin %.2e\n",
+                        def.name.c_str(), static_cast<long long>(n), static_cast<long long>(c.H),
+                        static_cast<long long>(c.Hkv), static_cast<long long>(c.d), def.dtype.c_str(),
+                        static_cast<long long>(s.p[0]), 100.0 * s.kept_ratio(), m);
+            if (m < 1e-5)
+                throw error("vlsparse-golden", def.name + ": a decision is within " + std::to_string(m) +
+                                                   " of its boundary; change the seed or tau");
+        } else {
+            std::printf("  %-28s n=%-4lld dense layer (layer %lld < dense_layers %lld)\n", def.name.c_str(),
+                        static_cast<long long>(n), static_cast<long long>(c.layer),
+                        static_cast<long long>(c.params.dense_layers));
+        }
+    }
+
+    const fs::path dir = root / "zipvl" / def.name;
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    GoldenManifest m;
+    m.algorithm = "zipvl";
+    m.case_name = def.name;
+    m.generator = std::string("vlsparse-golden ") + VLSPARSE_VERSION_STRING;
+    m.params = to_json(def.params);
+    m.layout = layout.to_string();
+    auto input = [&](const std::string& name, const std::vector<float>& x, std::vector<std::int64_t> shape,
+                     const std::string& what) {
+        GoldenTensor t;
+        t.name = name;
+        t.description = what;
+        if (def.dtype == "fp32") write_tensor(dir, t, x, shape);
+        else if (def.dtype == "fp16") write_tensor(dir, t, golden::detail::narrow<half>(x), shape);
+        else write_tensor(dir, t, golden::detail::narrow<bfloat16>(x), shape);
+        m.inputs.push_back(t);
+    };
+    input("q", c.q, {n, c.H, c.d}, "queries [n, H, d]");
+    input("k", c.k, {n, c.Hkv, c.d}, "keys [n, H_kv, d]");
+    input("v", c.v, {n, c.Hkv, c.d}, "values [n, H_kv, d]");
+    {
+        GoldenTensor t;
+        t.name = "layer";
+        t.description = "layer index passed to zipvl_select (probe seed = params.seed + layer)";
+        const std::vector<std::int64_t> l = {c.layer};
+        write_tensor(dir, t, l, {1});
+        m.inputs.push_back(t);
+    }
+    input("decode_q", c.dq, {c.steps, c.H, c.d}, "decode-step queries [S, H, d]");
+    input("decode_k", c.dk, {c.steps, c.Hkv, c.d}, "decode-step keys, appended before each step [S, H_kv, d]");
+    input("decode_v", c.dv, {c.steps, c.Hkv, c.d}, "decode-step values [S, H_kv, d]");
+
+    for (auto& out : golden::run_zipvl_case<ReferenceBackend>(c)) {
+        GoldenTensor t;
+        t.name = out.name;
+        std::tie(t.metric, t.tol) = golden::zipvl_output_metric(out.name);
+        write_tensor(dir, t, out.array);
+        m.outputs.push_back(t);
+    }
+    m.note = "generated by reference/golden_gen.cpp (vlsparse-golden), do not edit. " + def.description;
+    write_manifest(dir, m);
+}
+
+std::vector<CaseDef> zipvl_cases() {
+    std::vector<CaseDef> cases;
+    {
+        CaseDef c{"mha_fp32_layer", "MHA, fp32, layer-wise selection, causal-column nnz, 16+16 probes.", "fp32",
+                  "text:12,image:100,text:8", 4, 4, 32};
+        c.layer = 2;
+        c.params.tau = 0.9;
+        c.params.probe_recent = 16;
+        c.params.probe_random = 16;
+        c.params.seed = 7;
+        cases.push_back(c);
+    }
+    {
+        CaseDef c{"gqa_bf16_kv_head", "GQA 8/2, bf16 inputs, per-KV-head selection, probe-rows nnz, unselected rows attend the kept keys.",
+                  "bf16", "text:6,image:150,text:4", 8, 2, 64};
+        c.layer = 5;
+        c.params.tau = 0.95;
+        c.params.probe_recent = 24;
+        c.params.probe_random = 24;
+        c.params.grouping = ZipVLGrouping::kv_head;
+        c.params.nnz = ZipVLNnz::probe_rows;
+        c.params.unselected = UnselectedRows::attend_selected;
+        c.seed = 3;
+        cases.push_back(c);
+    }
+    {
+        CaseDef c{"multi_image_fp16_mqa", "Two images with delimiter tokens, MQA (H_kv = 1), fp16, keep_text and keep_last = 4.",
+                  "fp16", "text:5,text:1,image:48,text:1,text:3,text:1,image:36,text:1,text:8", 4, 1, 32};
+        c.layer = 1;
+        c.params.tau = 0.8;
+        c.params.probe_recent = 8;
+        c.params.probe_random = 8;
+        c.params.keep_text = true;
+        c.params.keep_last = 4;
+        c.seed = 11;
+        cases.push_back(c);
+    }
+    {
+        CaseDef c{"small_n_all_probes", "n = 20 below the default 64+64 probes: every token is a probe.", "fp32",
+                  "text:4,image:12,text:4", 2, 1, 16};
+        c.seed = 5;
+        cases.push_back(c);
+    }
+    {
+        CaseDef c{"ties_uniform", "q = 0: uniform attention, exact score ties broken by lower position (probe-rows nnz, per KV head).",
+                  "fp32", "image:56,text:8", 2, 2, 16};
+        c.uniform_q = true;
+        c.params.tau = 0.7;
+        c.params.probe_recent = 4;
+        c.params.probe_random = 4;
+        c.params.nnz = ZipVLNnz::probe_rows;
+        c.params.grouping = ZipVLGrouping::kv_head;
+        cases.push_back(c);
+    }
+    {
+        CaseDef c{"ratio_probes_bf16", "Probes as ratios (5% recent + 5% random), bf16, GQA 4/2, tau 0.975.", "bf16",
+                  "text:20,image:160,text:20", 4, 2, 32};
+        c.layer = 3;
+        c.params.probe_mode = ZipVLProbes::ratios;
+        c.params.seed = 99;
+        c.seed = 17;
+        cases.push_back(c);
+    }
+    {
+        CaseDef c{"dense_layer", "layer 0 < dense_layers = 2: nothing selected or evicted, dense prefill.", "fp32",
+                  "text:8,image:24,text:8", 2, 2, 16};
+        c.params.dense_layers = 2;
+        cases.push_back(c);
+    }
+    return cases;
+}
+
+}  // namespace
+
+namespace vlsparse::golden {
+void write_zipvl_golden(const fs::path& root) {
+    std::printf("zipvl:\n");
+    for (const auto& c : zipvl_cases()) write_case(root, c);
+}
+}  // namespace vlsparse::golden
