@@ -21,23 +21,6 @@ using namespace vlsparse;
 
 namespace {
 
-struct ReferenceBackend {
-    template <class T>
-    static ZipVLSelection select(View3<const T> q, View3<const T> k, const Layout& l, std::int64_t layer,
-                                 const ZipVLParams& P) {
-        return reference::zipvl_select(q, k, l, layer, P);
-    }
-    template <class T>
-    static void prefill(View3<const T> q, View3<const T> k, View3<const T> v, const ZipVLSelection& s, View3<float> o,
-                        const ZipVLParams& P) {
-        reference::zipvl_prefill(q, k, v, s, o, P);
-    }
-    template <class T>
-    static void decode(View2<const T> q, const KvCache<T>& c, View2<float> o, const AttentionOptions& opt) {
-        reference::decode_attention(q, c, o, opt);
-    }
-};
-
 struct CaseDef {
     std::string name, description, dtype, layout;
     std::int64_t H, Hkv, d, layer = 0, steps = 3;
@@ -168,7 +151,7 @@ void write_case(const fs::path& root, const CaseDef& def) {
     input("decode_k", c.dk, {c.steps, c.Hkv, c.d}, "decode-step keys, appended before each step [S, H_kv, d]");
     input("decode_v", c.dv, {c.steps, c.Hkv, c.d}, "decode-step values [S, H_kv, d]");
 
-    for (auto& out : golden::run_zipvl_case<ReferenceBackend>(c)) {
+    for (auto& out : golden::run_zipvl_case<golden::ZipVLReferenceBackend>(c)) {
         GoldenTensor t;
         t.name = out.name;
         std::tie(t.metric, t.tol) = golden::zipvl_output_metric(out.name);

@@ -29,23 +29,6 @@ std::vector<fs::path> cases(const std::string& algorithm) {
     return out;
 }
 
-struct ReferenceBackend {
-    template <class T>
-    static ZipVLSelection select(View3<const T> q, View3<const T> k, const Layout& l, std::int64_t layer,
-                                 const ZipVLParams& P) {
-        return reference::zipvl_select(q, k, l, layer, P);
-    }
-    template <class T>
-    static void prefill(View3<const T> q, View3<const T> k, View3<const T> v, const ZipVLSelection& s, View3<float> o,
-                        const ZipVLParams& P) {
-        reference::zipvl_prefill(q, k, v, s, o, P);
-    }
-    template <class T>
-    static void decode(View2<const T> q, const KvCache<T>& c, View2<float> o, const AttentionOptions& opt) {
-        reference::decode_attention(q, c, o, opt);
-    }
-};
-
 struct SimdBackend {
     template <class T>
     static ZipVLSelection select(View3<const T> q, View3<const T> k, const Layout& l, std::int64_t layer,
@@ -114,7 +97,7 @@ TEST_CASE("golden zipvl: the suite covers the required cases", "[golden]") {
 }
 
 TEST_CASE("golden zipvl: the reference reproduces every case", "[golden]") {
-    for (const auto& dir : cases("zipvl")) check_case<ReferenceBackend>(dir, "reference");
+    for (const auto& dir : cases("zipvl")) check_case<golden::ZipVLReferenceBackend>(dir, "reference");
 }
 
 TEST_CASE("golden zipvl: the SIMD path meets every case's tolerances", "[golden]") {

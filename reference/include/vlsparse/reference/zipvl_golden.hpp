@@ -19,6 +19,7 @@
 #include "vlsparse/io/params_json.hpp"
 #include "vlsparse/kv/kv_cache.hpp"
 #include "vlsparse/policies/zipvl_params.hpp"
+#include "vlsparse/reference/zipvl.hpp"
 
 namespace vlsparse::golden {
 
@@ -146,6 +147,24 @@ std::vector<NamedArray> run_zipvl_case(const ZipVLCaseInputs& c) {
     if (c.dtype == "bf16") return detail::run_zipvl_typed<Backend, bfloat16>(c);
     throw error("run_zipvl_case", "input dtype '" + c.dtype + "', expected fp32, fp16 or bf16");
 }
+
+// The reference as a backend for run_zipvl_case (the generator and the golden tests use it).
+struct ZipVLReferenceBackend {
+    template <class T>
+    static ZipVLSelection select(View3<const T> q, View3<const T> k, const Layout& l, std::int64_t layer,
+                                 const ZipVLParams& P) {
+        return reference::zipvl_select(q, k, l, layer, P);
+    }
+    template <class T>
+    static void prefill(View3<const T> q, View3<const T> k, View3<const T> v, const ZipVLSelection& s, View3<float> o,
+                        const ZipVLParams& P) {
+        reference::zipvl_prefill(q, k, v, s, o, P);
+    }
+    template <class T>
+    static void decode(View2<const T> q, const KvCache<T>& c, View2<float> o, const AttentionOptions& opt) {
+        reference::decode_attention(q, c, o, opt);
+    }
+};
 
 // The metric and tolerance of each ZipVL output.
 inline std::pair<std::string, double> zipvl_output_metric(const std::string& name) {
