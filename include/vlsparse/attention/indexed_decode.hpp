@@ -1,0 +1,264 @@
+// vlsparse/attention/indexed_decode.hpp -- decode attention over listed cache rows, CPU fast path
+// (namespace vlsparse::simd).
+//
+//   o_h = sum_{t in R_g} softmax_t(scale * q_h . k_{g,t}) v_{g,t},   g = h / (H / H_kv)
+//
+// One decode query against a KV cache restricted to the cache rows R_g of its KV head (CacheRows:
+// one shared list or one per KV head, see vlsparse/attention/cache_rows.hpp). No gathered copy of
+// the listed K/V is made: fp32 lists of long runs are read in place (each maximal stretch of
+// consecutive rows goes through the same dots / weighted_sum kernels as decode_attention); scattered
+// fp32 rows and fp16/bf16 rows are staged chunk by chunk (128 rows) in a per-thread buffer that
+// stays in L2. Work items are (KV head, chunk of its list), run in parallel with OpenMP, each a local softmax merged
+// exactly, as in simd::decode_attention. Serves ZipVL's decode and A-VL's core/secondary steps.
+// Same signature and semantics as vlsparse::reference::indexed_decode_attention.
+// Include: <vlsparse/vlsparse.hpp> (or this header alone).
+#pragma once
+
+#include "vlsparse/attention/cache_rows.hpp"
+#include "vlsparse/attention/decode.hpp"
+
+#ifndef VLSPARSE_SIMD_INDEXED_MIN_RUN
+#define VLSPARSE_SIMD_INDEXED_MIN_RUN 8  // fp32: mean run length (rows) from which rows are read in place
+#endif
+#ifndef VLSPARSE_SIMD_INDEXED_PREFETCH_ROWS
+#define VLSPARSE_SIMD_INDEXED_PREFETCH_ROWS 8  // staging prefetches the listed row this many entries ahead
+#endif
+
+namespace vlsparse::simd {
+
+namespace detail {
+
+// probs_f: null, or [H, L] fp32 (row stride L) receiving the probabilities of every listed row.
+inline constexpr std::int64_t kMinRun = VLSPARSE_SIMD_INDEXED_MIN_RUN;
+inline constexpr std::int64_t kPrefetchRows = VLSPARSE_SIMD_INDEXED_PREFETCH_ROWS;
+static_assert(kMinRun >= 1, "VLSPARSE_SIMD_INDEXED_MIN_RUN must be >= 1");
+static_assert(kPrefetchRows >= 1, "VLSPARSE_SIMD_INDEXED_PREFETCH_ROWS must be >= 1");
+// Elements of TC per 64-byte cache line.
+template <class TC>
+inline constexpr std::int64_t kLineFloats = 64 / static_cast<std::int64_t>(sizeof(TC));
+
+template <class Arch, class TQ, class TC, class TO>
+void run_indexed_decode(const View2<const TQ>& q, const KvCache<TC>& cache, const CacheRows& rows,
+                        const View2<TO>& out, float scale, float* probs_f, std::int64_t L,
+                        std::int64_t chunk = kDecodeChunk) {
+    using Kn = Kernels<Arch>;
+    const std::int64_t CH = std::max<std::int64_t>(chunk, 1);
+    const std::int64_t H = q.shape[0], d = q.shape[1], Hkv = cache.n_kv_heads(), group = H / Hkv;
+    auto list_of = [&](std::int64_t g) -> const std::vector<std::int64_t>& {
+        return rows.size() == 1 ? rows[0] : rows[static_cast<std::size_t>(g)];
+    };
+    std::vector<float> qf(static_cast<std::size_t>(H * d));
+    for (std::int64_t h = 0; h < H; ++h) widen_row(q.row(h), q.stride[1], qf.data() + h * d, d);
+
+    struct Item {
+        std::int64_t g, t0, t1;  // entries [t0, t1) of KV head g's list
+    };
+    std::vector<Item> items;
+    std::vector<std::int64_t> first_item(static_cast<std::size_t>(Hkv + 1));
+    for (std::int64_t g = 0; g < Hkv; ++g) {
+        first_item[static_cast<std::size_t>(g)] = static_cast<std::int64_t>(items.size());
+        const auto m = static_cast<std::int64_t>(list_of(g).size());
+        for (std::int64_t t0 = 0; t0 < m; t0 += CH) items.push_back({g, t0, std::min(m, t0 + CH)});
+    }
+    first_item[static_cast<std::size_t>(Hkv)] = static_cast<std::int64_t>(items.size());
+    const std::int64_t pstride = d + 2;
+    std::vector<float> part(items.size() * static_cast<std::size_t>(group * pstride));
+
+    const int nthreads = max_threads();
+    struct Local {
+        std::vector<float> s, kbuf, vbuf;
+    };
+    std::vector<Local> scratch(static_cast<std::size_t>(nthreads));
+    for (auto& l : scratch) {
+        l.s.resize(static_cast<std::size_t>(group * CH));
+        l.kbuf.resize(static_cast<std::size_t>(CH * d));
+        l.vbuf.resize(static_cast<std::size_t>(CH * d));
+    }
+    const auto n_items = static_cast<std::int64_t>(items.size());
+    ErrorSlot err;
+
+    VLSPARSE_OMP(omp parallel for schedule(dynamic, 1) num_threads(nthreads))
+    for (std::int64_t w = 0; w < n_items; ++w) {
+        err.run([&] {
+            Local& sc = scratch[static_cast<std::size_t>(thread_id())];
+            const Item it = items[static_cast<std::size_t>(w)];
+            const std::int64_t cnt = it.t1 - it.t0;
+            const std::int64_t* idx = list_of(it.g).data() + it.t0;
+            const TC* kb = cache.k(it.g).data;
+            const TC* vb = cache.v(it.g).data;
+            // fp32 lists of long runs (>= kMinRun consecutive rows on average) are read in place, run by
+            // run. Otherwise -- scattered rows, or fp16/bf16 -- the chunk's rows are staged in a
+            // per-thread buffer of one chunk (64 KiB of K at d = 128, L2-resident): the copy keeps many
+            // independent row loads in flight, and the kernels then stream one contiguous block.
+            std::int64_t runs = 1;
+            for (std::int64_t t = 1; t < cnt; ++t) runs += idx[t] != idx[t - 1] + 1;
+            const bool staged = !std::is_same_v<TC, float> || runs * kMinRun > cnt;
+            if (staged) {
+                for (std::int64_t t = 0; t < cnt; ++t) {
+                    if (t + kPrefetchRows < cnt) {  // the row kPrefetchRows ahead: its lines and its page walk
+                        const std::int64_t r = idx[t + kPrefetchRows] * d;
+                        for (std::int64_t c = 0; c < d; c += kLineFloats<TC>) {
+                            __builtin_prefetch(kb + r + c, 0, 3);
+                            __builtin_prefetch(vb + r + c, 0, 3);
+                        }
+                    }
+                    widen_row(kb + idx[t] * d, 1, sc.kbuf.data() + t * d, d);
+                    widen_row(vb + idx[t] * d, 1, sc.vbuf.data() + t * d, d);
+                }
+            }
+            // Calls f(first entry, count, K rows, V rows): once for a staged chunk, else per run.
+            auto for_runs = [&](auto&& f) {
+                if (staged) {
+                    f(std::int64_t{0}, cnt, static_cast<const float*>(sc.kbuf.data()),
+                      static_cast<const float*>(sc.vbuf.data()));
+                    return;
+                }
+                if constexpr (std::is_same_v<TC, float>) {
+                    std::int64_t t = 0;
+                    while (t < cnt) {
+                        std::int64_t e = t + 1;
+                        while (e < cnt && idx[e] == idx[e - 1] + 1) ++e;
+                        f(t, e - t, kb + idx[t] * d, vb + idx[t] * d);
+                        t = e;
+                    }
+                }
+            };
+            const float* qg = qf.data() + it.g * group * d;
+            float* pw = part.data() + w * group * pstride;
+            for (std::int64_t a = 0; a < group; ++a) {
+                float* sa = probs_f ? probs_f + (it.g * group + a) * L + it.t0 : sc.s.data() + a * CH;
+                for_runs([&](std::int64_t t, std::int64_t len, const float* kr, const float*) {
+                    Kn::dots(qg + a * d, kr, d, len, d, sa + t);
+                });
+                Kn::scale(sa, cnt, scale);
+                const float mx = Kn::max(sa, cnt);
+                pw[a * pstride] = mx;
+                pw[a * pstride + 1] = Kn::exp_sub_sum(sa, cnt, mx);
+                std::fill(pw + a * pstride + 2, pw + (a + 1) * pstride, 0.0f);
+                for_runs([&](std::int64_t t, std::int64_t len, const float*, const float* vr) {
+                    Kn::weighted_sum(pw + a * pstride + 2, sa + t, vr, d, len, d);
+                });
+            }
+        });
+    }
+    err.rethrow();
+
+    std::vector<float> o(static_cast<std::size_t>(d));
+    std::vector<double> dp, dout(static_cast<std::size_t>(d));
+    constexpr float ninf = -std::numeric_limits<float>::infinity();
+    for (std::int64_t h = 0; h < H; ++h) {
+        const std::int64_t g = h / group, a = h % group;
+        const std::int64_t c0 = first_item[static_cast<std::size_t>(g)], c1 = first_item[static_cast<std::size_t>(g + 1)];
+        float M = ninf;
+        bool ok = true;
+        for (std::int64_t c = c0; c < c1; ++c) {
+            const float mc = part[static_cast<std::size_t>((c * group + a) * pstride)];
+            ok &= std::isfinite(mc);
+            M = std::max(M, mc);
+        }
+        float Lsum = 0.0f;
+        std::fill(o.begin(), o.end(), 0.0f);
+        if (ok) {
+            for (std::int64_t c = c0; c < c1; ++c) {
+                const float* pc = part.data() + (c * group + a) * pstride;
+                const float wgt = std::exp(pc[0] - M);
+                Lsum += wgt * pc[1];
+                Kn::axpy(o.data(), wgt, pc + 2, d);
+            }
+            ok = std::isfinite(Lsum) && Lsum > 0.0f;
+        }
+        if (ok) {
+            Kn::scale(o.data(), d, 1.0f / Lsum);
+            for (std::int64_t c = 0; c < d; ++c) ok &= std::isfinite(o[static_cast<std::size_t>(c)]);
+        }
+        const auto& list = list_of(g);
+        const auto cnt = static_cast<std::int64_t>(list.size());
+        if (ok) {
+            for (std::int64_t c = 0; c < d; ++c) store(out(h, c), o[static_cast<std::size_t>(c)]);
+            if (probs_f) {
+                float* ph = probs_f + h * L;
+                for (std::int64_t c = c0; c < c1; ++c) {
+                    const Item it = items[static_cast<std::size_t>(c)];
+                    const float f = std::exp(part[static_cast<std::size_t>((c * group + a) * pstride)] - M) / Lsum;
+                    Kn::scale(ph + it.t0, it.t1 - it.t0, f);
+                }
+            }
+        } else {  // fp32 overflow (or non-finite input with check_finite off): redo this head in double
+            const std::int64_t m = cache.rows(g);
+            const View3<const TC> kk(cache.k(g).data, {m, 1, d}), vv(cache.v(g).data, {m, 1, d});
+            attend_row_double(q.row(h), q.stride[1], kk, vv, 0, list.data(), cnt, static_cast<double>(scale), dp,
+                              dout.data());
+            for (std::int64_t c = 0; c < d; ++c) store(out(h, c), dout[static_cast<std::size_t>(c)]);
+            if (probs_f)
+                for (std::int64_t t = 0; t < cnt; ++t) probs_f[h * L + t] = static_cast<float>(dp[static_cast<std::size_t>(t)]);
+        }
+        if (probs_f) std::fill(probs_f + h * L + cnt, probs_f + (h + 1) * L, 0.0f);
+    }
+}
+
+template <class Arch, class TQ, class TC, class TO>
+float check_indexed_decode(const View2<const TQ>& q, const KvCache<TC>& cache, const CacheRows& rows,
+                           const View2<TO>& out, const AttentionOptions& opt, const char* fn) {
+    check_strides(q, fn, "q", false);
+    check_strides(out, fn, "out", true);
+    const std::int64_t H = q.shape[0], d = q.shape[1], Hkv = cache.n_kv_heads();
+    require(Hkv > 0, fn, "the cache has no KV heads (default-constructed); expected H_kv > 0");
+    require(H > 0 && d == cache.head_dim(), fn, "q has shape [", H, ", ", d, "], expected [H, ", cache.head_dim(),
+            "] with H > 0");
+    require(H % Hkv == 0, fn, "H = ", H, " query heads is not a multiple of the cache's H_kv = ", Hkv);
+    require(out.shape == q.shape, fn, "out has shape [", out.shape[0], ", ", out.shape[1], "], expected [", H, ", ",
+            d, "]");
+    require(!overlaps(out, q), fn, "output out aliases input q; expected separate buffers");
+    check_cache_rows(cache, rows, fn);
+    if (opt.check_finite) {
+        for (std::int64_t h = 0; h < H; ++h)
+            for (std::int64_t c = 0; c < d; ++c)
+                require(std::isfinite(to_float(q(h, c))), fn, "q[", h, ", ", c, "] = ", to_float(q(h, c)),
+                        "; expected finite values (no NaN or Inf)");
+        std::vector<float> buf(static_cast<std::size_t>(d));
+        for (std::int64_t g = 0; g < Hkv; ++g) {
+            const auto& list = rows.size() == 1 ? rows[0] : rows[static_cast<std::size_t>(g)];
+            for (auto r : list) {
+                widen_row(cache.k(g).data + r * d, 1, buf.data(), d);
+                require(Kernels<Arch>::all_finite(buf.data(), d), fn, "cache k row ", r, " of KV head ", g,
+                        " is not finite; expected finite values (no NaN or Inf)");
+                widen_row(cache.v(g).data + r * d, 1, buf.data(), d);
+                require(Kernels<Arch>::all_finite(buf.data(), d), fn, "cache v row ", r, " of KV head ", g,
+                        " is not finite; expected finite values (no NaN or Inf)");
+            }
+        }
+    }
+    return resolve_scale(opt, d, fn);
+}
+
+}  // namespace detail
+
+// One decode step reading only the listed cache rows. q [H, d], out [H, d]; rows: 1 or H_kv lists of
+// cache rows (sorted, unique, non-empty).
+template <ElementType TQ, ElementType TC, OutputElement TO, class Arch = detail::native_arch>
+void indexed_decode_attention(View2<const TQ> q, const KvCache<TC>& cache, const CacheRows& rows, View2<TO> out,
+                              const AttentionOptions& opt = {}) {
+    constexpr const char* fn = "simd::indexed_decode_attention";
+    const float scale = detail::check_indexed_decode<Arch>(q, cache, rows, out, opt, fn);
+    detail::run_indexed_decode<Arch>(q, cache, rows, out, scale, nullptr, 0);
+}
+
+// Same, also writing the probabilities: probs [H, L] fp32, contiguous, L the longest list; probs[h, t]
+// is the probability of the t-th listed row of head h's KV group, 0 beyond the end of its list.
+template <ElementType TQ, ElementType TC, OutputElement TO, class Arch = detail::native_arch>
+void indexed_decode_attention(View2<const TQ> q, const KvCache<TC>& cache, const CacheRows& rows, View2<TO> out,
+                              View2<float> probs, const AttentionOptions& opt = {}) {
+    constexpr const char* fn = "simd::indexed_decode_attention";
+    const float scale = detail::check_indexed_decode<Arch>(q, cache, rows, out, opt, fn);
+    std::size_t L = 0;
+    for (const auto& l : rows) L = std::max(L, l.size());
+    detail::require(probs.shape[0] == q.shape[0] && probs.shape[1] == static_cast<std::int64_t>(L), fn,
+                    "probs has shape [", probs.shape[0], ", ", probs.shape[1], "], expected [", q.shape[0], ", ", L,
+                    "] (H x longest row list)");
+    detail::require(probs.is_contiguous(), fn, "probs must be contiguous [H, L]");
+    detail::require(!detail::overlaps(probs, out) && !detail::overlaps(probs, q), fn,
+                    "output probs aliases out or q; expected separate buffers");
+    detail::run_indexed_decode<Arch>(q, cache, rows, out, scale, probs.data, static_cast<std::int64_t>(L));
+}
+
+}  // namespace vlsparse::simd

@@ -1,0 +1,93 @@
+// vlsparse/policies/avl.hpp -- A-VL, CPU fast path (namespace vlsparse::simd): the last-token
+// head-mean score, H2O's accumulated attention, and one scheduled decode step by indexed decode
+// attention (real skipping by index lists, not a -inf mask; GQA-correct).
+//
+//   s_j = (1/H) sum_h softmax_j(scale q_{last,h} . k_{j,g(h)})
+//   decode step t: t % K == 0 -> every kept row + re-rank core; otherwise core image rows + non-image rows
+//
+// Same signatures and semantics as vlsparse/reference/avl.hpp; the selection, the prefill filter,
+// H2O's text choice, PPCI and the DecodeSchedule are the shared code of avl_params.hpp.
+// Scores by simd::probe_attention (fp32 accumulation), head means in double.
+// Include: <vlsparse/vlsparse.hpp> (or this header alone).
+#pragma once
+
+#include "vlsparse/attention/indexed_decode.hpp"
+#include "vlsparse/attention/probe.hpp"
+#include "vlsparse/policies/avl_params.hpp"
+
+namespace vlsparse::simd {
+
+// A-VL's score of every key (n_k values): last query row's attention averaged over all query heads.
+template <ElementType TQ, ElementType TK>
+std::vector<double> avl_scores(View3<const TQ> q, View3<const TK> k, const AttentionOptions& opt = {}) {
+    constexpr const char* fn = "simd::avl_scores";
+    detail::check_avl_qk(q, k, fn);
+    const std::int64_t nq = q.shape[0], H = q.shape[1], nk = k.shape[0];
+    const std::int64_t rows[1] = {nq - 1};
+    std::vector<float> probs(static_cast<std::size_t>(H * nk));
+    probe_attention(q, k, std::span<const std::int64_t>(rows), View3<float>(probs.data(), {H, 1, nk}), opt);
+    std::vector<double> s(static_cast<std::size_t>(nk), 0.0);
+    for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t j = 0; j < nk; ++j) s[static_cast<std::size_t>(j)] += probs[static_cast<std::size_t>(h * nk + j)];
+    for (auto& x : s) x /= static_cast<double>(H);
+    return s;
+}
+
+// H2O's accumulated attention over the causal prefill, per KV head or per query head; the query rows
+// go through probe_attention in blocks of 64 (memory H x 64 x n_k floats).
+template <ElementType TQ, ElementType TK>
+std::vector<std::vector<double>> avl_h2o_scores(View3<const TQ> q, View3<const TK> k, AvlTextGroups groups,
+                                                const AttentionOptions& opt = {}) {
+    constexpr const char* fn = "simd::avl_h2o_scores";
+    detail::check_avl_qk(q, k, fn);
+    const std::int64_t nq = q.shape[0], H = q.shape[1], nk = k.shape[0], group = H / k.shape[1];
+    const std::int64_t G = groups == AvlTextGroups::per_kv_head ? k.shape[1] : H;
+    std::vector<std::vector<double>> acc(static_cast<std::size_t>(G), std::vector<double>(static_cast<std::size_t>(nk), 0.0));
+    constexpr std::int64_t kBlock = 64;
+    std::vector<float> probs;
+    std::vector<std::int64_t> rows;
+    for (std::int64_t i0 = 0; i0 < nq; i0 += kBlock) {
+        const std::int64_t B = std::min(kBlock, nq - i0);
+        rows.resize(static_cast<std::size_t>(B));
+        std::iota(rows.begin(), rows.end(), i0);
+        probs.resize(static_cast<std::size_t>(H * B * nk));
+        probe_attention(q, k, std::span<const std::int64_t>(rows), View3<float>(probs.data(), {H, B, nk}), opt);
+        for (std::int64_t h = 0; h < H; ++h) {
+            auto& a = acc[static_cast<std::size_t>(groups == AvlTextGroups::per_kv_head ? h / group : h)];
+            for (std::int64_t i = 0; i < B; ++i) {
+                const float* pr = probs.data() + (h * B + i) * nk;
+                for (std::int64_t j = 0; j < nk; ++j) a[static_cast<std::size_t>(j)] += pr[j];
+            }
+        }
+    }
+    return acc;
+}
+
+// One A-VL decode step t (see reference::avl_decode_step): reads the schedule's positions for step t
+// by indexed decode attention; on a refresh step re-ranks the core set from the step's head-mean
+// attention. out [H, d].
+template <ElementType TQ, ElementType TC, OutputElement TO>
+AvlStep avl_decode_step(View2<const TQ> q, const KvCache<TC>& cache, DecodeSchedule& sched, std::int64_t t,
+                        View2<TO> out, const AttentionOptions& opt = {}) {
+    sched.begin_step(t);
+    AvlStep st{t, sched.splits() && sched.is_refresh(t), sched.positions(t, cache.seq_len())};
+    const CacheRows rows = rows_for_positions(cache, st.read);
+    if (!st.refresh) {
+        indexed_decode_attention(q, cache, rows, out, opt);
+        return st;
+    }
+    const std::int64_t H = q.shape[0], group = H / cache.n_kv_heads();
+    std::size_t L = 0;
+    for (const auto& l : rows) L = std::max(L, l.size());
+    std::vector<float> probs(static_cast<std::size_t>(H) * L);
+    indexed_decode_attention(q, cache, rows, out, View2<float>(probs.data(), {H, static_cast<std::int64_t>(L)}), opt);
+    std::vector<double> score(static_cast<std::size_t>(cache.seq_len()), 0.0);
+    for (std::int64_t h = 0; h < H; ++h) {
+        const auto& list = st.read.for_kv_head(h / group);
+        for (std::size_t i = 0; i < list.size(); ++i) score[static_cast<std::size_t>(list[i])] += probs[static_cast<std::size_t>(h) * L + i];
+    }
+    sched.refresh(t, [&](std::int64_t p) { return score[static_cast<std::size_t>(p)] / static_cast<double>(H); });
+    return st;
+}
+
+}  // namespace vlsparse::simd
