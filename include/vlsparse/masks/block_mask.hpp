@@ -1,0 +1,194 @@
+// vlsparse/masks/block_mask.hpp -- the compressed block form of a per-head template mask.
+//
+// Query blocks follow the prompt: each maximal run of text tokens and each image is cut into blocks
+// of at most q_block rows, so no query block mixes text rows (dense) with image rows (sparse);
+// block qb holds rows [q_block_start[qb], q_block_start[qb+1]). For head h and query block qb the key blocks
+// kb (keys [kb*k_block, ...)) split into: fully allowed (every pair allowed), partly allowed (some
+// pairs), and skipped (none). Row r = h * n_q_blocks + qb of the CSR arrays lists them ascending:
+//   full_indices[full_offsets[r] .. full_offsets[r+1]),  partial_indices[partial_offsets[r] .. partial_offsets[r+1]).
+// For each partial block, partial_key_lo / partial_key_hi (parallel to partial_indices) bound the
+// keys any row of the query block may see inside it: [lo, hi) is the smallest key range holding
+// every allowed pair of the block, so a kernel computes rows x (hi - lo), not rows x k_block (a
+// strip of 18 text keys between two images costs 18 columns, not a whole block).
+// Inside a partial block the pair (i, j) is allowed when context.allows(head_template[h], i, j)
+// (or, equivalently, j lies in one of context.row_intervals(...)). Plain data (vectors of integers),
+// the form a CUDA kernel consumes; the idea of FlexAttention's block masks (ARCHITECTURE.md 5).
+// Built from the layout in O(H_distinct * n * (segments + sinks + n / k_block)), never n x n.
+// Include: <vlsparse/masks/block_mask.hpp>
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "vlsparse/core/error.hpp"
+#include "vlsparse/masks/templates.hpp"
+
+namespace vlsparse {
+
+struct BlockMask {
+    std::int64_t n = 0;        // tokens (queries == keys: prefill)
+    std::int64_t heads = 0;    // query heads
+    std::int64_t q_block = 0;  // query rows per block
+    std::int64_t k_block = 0;  // keys per block
+    std::int64_t n_q_blocks = 0, n_k_blocks = 0;
+    std::vector<std::int64_t> q_block_start;                     // [n_q_blocks + 1] first row of each query block
+    std::vector<std::int64_t> full_offsets, full_indices;        // CSR over rows h * n_q_blocks + qb
+    std::vector<std::int64_t> partial_offsets, partial_indices;  // CSR over the same rows
+    std::vector<std::int64_t> partial_key_lo, partial_key_hi;    // [lo, hi) of each partial block's keys
+    std::vector<MaskTemplate> head_template;                     // [heads]
+    MaskContext context;                                         // the mask inside partial blocks
+
+    bool allows(std::int64_t h, std::int64_t i, std::int64_t j) const {
+        return context.allows(head_template[static_cast<std::size_t>(h)], i, j);
+    }
+    std::span<const std::int64_t> full(std::int64_t h, std::int64_t qb) const {
+        const auto r = static_cast<std::size_t>(h * n_q_blocks + qb);
+        return std::span<const std::int64_t>(full_indices).subspan(
+            static_cast<std::size_t>(full_offsets[r]), static_cast<std::size_t>(full_offsets[r + 1] - full_offsets[r]));
+    }
+    std::span<const std::int64_t> partial(std::int64_t h, std::int64_t qb) const {
+        const auto r = static_cast<std::size_t>(h * n_q_blocks + qb);
+        return std::span<const std::int64_t>(partial_indices)
+            .subspan(static_cast<std::size_t>(partial_offsets[r]),
+                     static_cast<std::size_t>(partial_offsets[r + 1] - partial_offsets[r]));
+    }
+    // (q, k) pairs inside the listed blocks (partial ones trimmed to [lo, hi)): the work a block kernel does.
+    std::int64_t computed_pairs() const {
+        std::int64_t total = 0;
+        for (std::int64_t h = 0; h < heads; ++h)
+            for (std::int64_t qb = 0; qb < n_q_blocks; ++qb) {
+                const std::int64_t rows = q_block_start[static_cast<std::size_t>(qb) + 1] - q_block_start[static_cast<std::size_t>(qb)];
+                for (auto kb : full(h, qb)) total += rows * std::min(k_block, n - kb * k_block);
+                const auto r = static_cast<std::size_t>(h * n_q_blocks + qb);
+                for (auto p = partial_offsets[r]; p < partial_offsets[r + 1]; ++p)
+                    total += rows * (partial_key_hi[static_cast<std::size_t>(p)] - partial_key_lo[static_cast<std::size_t>(p)]);
+            }
+        return total;
+    }
+};
+
+namespace detail {
+
+// Per (query block, key block): count of allowed pairs and the [lo, hi) range of allowed keys of one
+// template; the only pass over rows.
+struct BlockStats {
+    std::vector<std::int64_t> cnt, lo, hi;
+};
+inline BlockStats block_counts(const MaskContext& c, MaskTemplate t, const std::vector<std::int64_t>& q_start,
+                               std::int64_t kb_size, std::int64_t nkb) {
+    const auto nqb = static_cast<std::int64_t>(q_start.size()) - 1;
+    BlockStats st;
+    st.cnt.assign(static_cast<std::size_t>(nqb * nkb), 0);
+    st.lo.assign(st.cnt.size(), c.n);
+    st.hi.assign(st.cnt.size(), 0);
+    std::vector<KeyInterval> iv;
+    std::int64_t qb = 0;
+    for (std::int64_t i = 0; i < c.n; ++i) {
+        while (q_start[static_cast<std::size_t>(qb) + 1] <= i) ++qb;
+        const std::int64_t base = qb * nkb;
+        c.row_intervals(t, i, iv);
+        for (const auto& x : iv) {
+            for (std::int64_t kb = x.lo / kb_size; kb <= (x.hi - 1) / kb_size; ++kb) {
+                const std::int64_t lo = std::max(x.lo, kb * kb_size), hi = std::min(x.hi, (kb + 1) * kb_size);
+                const auto b = static_cast<std::size_t>(base + kb);
+                st.cnt[b] += hi - lo;
+                st.lo[b] = std::min(st.lo[b], lo);
+                st.hi[b] = std::max(st.hi[b], hi);
+            }
+        }
+    }
+    return st;
+}
+
+// Query block starts: every maximal text run and every image cut into pieces of at most q_block rows.
+inline std::vector<std::int64_t> query_block_starts(const MaskContext& c, std::int64_t q_block) {
+    std::vector<std::int64_t> st;
+    std::int64_t i = 0;
+    while (i < c.n) {
+        const std::int32_t a = c.token_image[static_cast<std::size_t>(i)];
+        std::int64_t e = i;
+        while (e < c.n && c.token_image[static_cast<std::size_t>(e)] == a) ++e;  // a run of one image, or of text
+        for (std::int64_t b = i; b < e; b += q_block) st.push_back(b);
+        i = e;
+    }
+    st.push_back(c.n);
+    return st;
+}
+
+}  // namespace detail
+
+// Builds the block mask of per-head templates (heads.size() query heads) on a mask context.
+inline BlockMask make_block_mask(const MaskContext& ctx, std::span<const MaskTemplate> heads, std::int64_t q_block = 128,
+                                 std::int64_t k_block = 128) {
+    constexpr const char* fn = "make_block_mask";
+    detail::require(!heads.empty(), fn, "no head templates given, expected one per query head");
+    detail::require(q_block >= 1, fn, "q_block = ", q_block, ", expected >= 1");
+    detail::require(k_block >= 1, fn, "k_block = ", k_block, ", expected >= 1");
+    detail::require(ctx.n > 0 && static_cast<std::int64_t>(ctx.token_image.size()) == ctx.n, fn,
+                    "mask context has n = ", ctx.n, " and ", ctx.token_image.size(),
+                    " token entries, expected a context from make_mask_context");
+    for (std::size_t h = 0; h < heads.size(); ++h)
+        detail::require(static_cast<std::uint8_t>(heads[h]) <= 3, fn, "head ", h, " has template value ",
+                        static_cast<int>(heads[h]), ", expected one of Dense, Sink, Document, Document-Sink");
+    BlockMask bm;
+    bm.n = ctx.n;
+    bm.heads = static_cast<std::int64_t>(heads.size());
+    bm.q_block = q_block;
+    bm.k_block = k_block;
+    bm.q_block_start = detail::query_block_starts(ctx, q_block);
+    bm.n_q_blocks = static_cast<std::int64_t>(bm.q_block_start.size()) - 1;
+    bm.n_k_blocks = (ctx.n + k_block - 1) / k_block;
+    bm.head_template.assign(heads.begin(), heads.end());
+    bm.context = ctx;
+    detail::BlockStats counts[4];
+    bm.full_offsets.push_back(0);
+    bm.partial_offsets.push_back(0);
+    for (std::int64_t h = 0; h < bm.heads; ++h) {
+        const auto t = static_cast<std::size_t>(heads[static_cast<std::size_t>(h)]);
+        if (counts[t].cnt.empty())
+            counts[t] = detail::block_counts(ctx, heads[static_cast<std::size_t>(h)], bm.q_block_start, k_block,
+                                             bm.n_k_blocks);
+        for (std::int64_t qb = 0; qb < bm.n_q_blocks; ++qb) {
+            const std::int64_t rows = bm.q_block_start[static_cast<std::size_t>(qb) + 1] - bm.q_block_start[static_cast<std::size_t>(qb)];
+            for (std::int64_t kb = 0; kb < bm.n_k_blocks; ++kb) {
+                const std::int64_t cols = std::min(k_block, ctx.n - kb * k_block);
+                const auto b = static_cast<std::size_t>(qb * bm.n_k_blocks + kb);
+                const std::int64_t c = counts[t].cnt[b];
+                if (c == rows * cols) {
+                    bm.full_indices.push_back(kb);
+                } else if (c > 0) {
+                    bm.partial_indices.push_back(kb);
+                    bm.partial_key_lo.push_back(counts[t].lo[b]);
+                    bm.partial_key_hi.push_back(counts[t].hi[b]);
+                }
+            }
+            bm.full_offsets.push_back(static_cast<std::int64_t>(bm.full_indices.size()));
+            bm.partial_offsets.push_back(static_cast<std::int64_t>(bm.partial_indices.size()));
+        }
+    }
+    return bm;
+}
+
+// Dense boolean expansion [heads, n, n] of a block mask (1 = allowed), reading only the block lists
+// (partial blocks only inside [lo, hi)) and, there, the mask description: what a block kernel computes. For tests and pictures.
+inline std::vector<std::uint8_t> expand_block_mask(const BlockMask& bm) {
+    const std::int64_t n = bm.n;
+    std::vector<std::uint8_t> m(static_cast<std::size_t>(bm.heads * n * n), 0);
+    for (std::int64_t h = 0; h < bm.heads; ++h)
+        for (std::int64_t qb = 0; qb < bm.n_q_blocks; ++qb) {
+            const std::int64_t i0 = bm.q_block_start[static_cast<std::size_t>(qb)], i1 = bm.q_block_start[static_cast<std::size_t>(qb) + 1];
+            auto fill = [&](std::int64_t j0, std::int64_t j1, bool partial) {
+                for (std::int64_t i = i0; i < i1; ++i)
+                    for (std::int64_t j = j0; j < j1; ++j)
+                        m[static_cast<std::size_t>((h * n + i) * n + j)] = !partial || bm.allows(h, i, j) ? 1 : 0;
+            };
+            for (auto kb : bm.full(h, qb)) fill(kb * bm.k_block, std::min(n, (kb + 1) * bm.k_block), false);
+            const auto r = static_cast<std::size_t>(h * bm.n_q_blocks + qb);
+            for (auto p = bm.partial_offsets[r]; p < bm.partial_offsets[r + 1]; ++p)
+                fill(bm.partial_key_lo[static_cast<std::size_t>(p)], bm.partial_key_hi[static_cast<std::size_t>(p)], true);
+        }
+    return m;
+}
+
+}  // namespace vlsparse

@@ -1,0 +1,200 @@
+// vlsparse/masks/templates.hpp -- BlindSight mask templates built from a prompt's layout.
+//
+//   allowed(i, j) for a prefill (query i and key j are positions in [0, n)):
+//     j == i                                   always (no row is empty)
+//     text query i                             j <= i (causal, dense)
+//     image query i (image a), text key j      j <= i
+//     image query i, key j in image a          Dense/Document/Document-Sink: j <= i (whole image when
+//                                              bidirectional); Sink: j is a sink of a (and j <= i unless
+//                                              bidirectional)
+//     image query i, key j in image b < a      Dense: yes; Document: no; Sink, Document-Sink: j is a sink of b
+//     key j after query i (or after image a when bidirectional): no
+// BlindSight (Srikrishnan, Shah, Reinhardt 2025), Section 3 and 5.1; conventions of ARCHITECTURE.md 4.4.
+// Sinks: the first ceil(sink_fraction * len) tokens of each image (default 0.1, Qwen family), or a
+// list of fixed offsets inside each image (Gemma 3; offsets >= an image's length are ignored for it).
+// Image and video segments are both "images" (one document each); text segments, delimiter tokens
+// included, are always dense. Only prefill masks (n_q == n_k) are defined.
+// Include: <vlsparse/masks/templates.hpp>
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "vlsparse/core/error.hpp"
+#include "vlsparse/core/layout.hpp"
+
+namespace vlsparse {
+
+// The four templates, in the order of increasing cost except Dense (Algorithm 1 tries Sink,
+// Document, Document-Sink).
+enum class MaskTemplate : std::uint8_t { dense = 0, sink = 1, document = 2, document_sink = 3 };
+inline constexpr MaskTemplate kAllTemplates[] = {MaskTemplate::dense, MaskTemplate::sink, MaskTemplate::document,
+                                                 MaskTemplate::document_sink};
+
+// The paper's names: "Dense", "Sink", "Document", "Document-Sink".
+constexpr std::string_view to_string(MaskTemplate t) {
+    switch (t) {
+        case MaskTemplate::dense: return "Dense";
+        case MaskTemplate::sink: return "Sink";
+        case MaskTemplate::document: return "Document";
+        case MaskTemplate::document_sink: return "Document-Sink";
+    }
+    return "?";
+}
+
+inline MaskTemplate mask_template_from_string(std::string_view s, const char* fn = "mask_template_from_string") {
+    for (MaskTemplate t : kAllTemplates)
+        if (s == to_string(t)) return t;
+    throw error(fn, detail::concat("unknown mask template '", s, "', expected Dense, Sink, Document or Document-Sink"));
+}
+
+struct MaskOptions {
+    double sink_fraction = 0.1;              // sinks: first ceil(sink_fraction * len) tokens of each image
+    std::vector<std::int64_t> sink_offsets;  // non-empty: sinks at these offsets inside each image instead
+    bool bidirectional_images = false;       // Gemma 3: an image query sees its whole image
+};
+
+inline void check_mask_options(const MaskOptions& o, const char* fn) {
+    detail::require(std::isfinite(o.sink_fraction) && o.sink_fraction > 0.0 && o.sink_fraction <= 1.0, fn,
+                    "sink_fraction = ", o.sink_fraction, ", expected 0 < sink_fraction <= 1");
+    for (std::size_t t = 0; t < o.sink_offsets.size(); ++t) {
+        detail::require(o.sink_offsets[t] >= 0, fn, "sink_offsets[", t, "] = ", o.sink_offsets[t], ", expected >= 0");
+        detail::require(t == 0 || o.sink_offsets[t] > o.sink_offsets[t - 1], fn, "sink_offsets[", t, "] = ",
+                        o.sink_offsets[t], ", expected strictly ascending offsets");
+    }
+}
+
+// A half-open interval of key positions [lo, hi).
+struct KeyInterval {
+    std::int64_t lo = 0, hi = 0;
+};
+
+// The mask description of one prompt: per-token arrays, plain data (what a kernel consumes).
+struct MaskContext {
+    std::int64_t n = 0;
+    bool bidirectional_images = false;
+    std::vector<std::int32_t> token_image;  // [n] image index of the token, -1 for text
+    std::vector<std::uint8_t> token_sink;   // [n] 1 when the token is a sink of its image
+    std::vector<std::int64_t> image_start;  // [images] first position
+    std::vector<std::int64_t> image_end;    // [images] one past the last position
+    std::vector<std::int64_t> sink_start;   // [images + 1] offsets into sink_pos
+    std::vector<std::int64_t> sink_pos;     // sink positions of every image, ascending
+
+    std::int64_t images() const { return static_cast<std::int64_t>(image_start.size()); }
+
+    // The exact definition of the templates (the header comment), one pair at a time.
+    bool allows(MaskTemplate t, std::int64_t i, std::int64_t j) const {
+        if (j == i) return true;
+        const std::int32_t a = token_image[static_cast<std::size_t>(i)];
+        if (a < 0) return j < i;
+        const std::int64_t hi = bidirectional_images ? image_end[static_cast<std::size_t>(a)] : i + 1;
+        if (j >= hi) return false;
+        const std::int32_t b = token_image[static_cast<std::size_t>(j)];
+        if (b < 0) return true;  // text key before the query (or before its image)
+        const bool sink = token_sink[static_cast<std::size_t>(j)] != 0;
+        if (b == a) return t == MaskTemplate::sink ? sink : true;
+        switch (t) {  // b < a
+            case MaskTemplate::dense: return true;
+            case MaskTemplate::document: return false;
+            default: return sink;
+        }
+    }
+
+    // The keys query i may see, as sorted disjoint non-adjacent intervals (appended to `out` after
+    // clearing it). Same set as allows(t, i, j) over j; O(segments + sinks) per row.
+    void row_intervals(MaskTemplate t, std::int64_t i, std::vector<KeyInterval>& out) const {
+        out.clear();
+        auto push = [&](std::int64_t lo, std::int64_t hi) {
+            if (lo >= hi) return;
+            if (!out.empty() && out.back().hi >= lo) out.back().hi = std::max(out.back().hi, hi);
+            else out.push_back({lo, hi});
+        };
+        const std::int32_t a = token_image[static_cast<std::size_t>(i)];
+        if (a < 0 || t == MaskTemplate::dense) {
+            push(0, a < 0 || !bidirectional_images ? i + 1 : image_end[static_cast<std::size_t>(a)]);
+            return;
+        }
+        const std::int64_t sa = image_start[static_cast<std::size_t>(a)];
+        const std::int64_t hi = bidirectional_images ? image_end[static_cast<std::size_t>(a)] : i + 1;
+        std::int64_t pos = 0;  // text between images: everything before sa that is not an image
+        for (std::int32_t b = 0; b < a; ++b) {
+            const auto sb = image_start[static_cast<std::size_t>(b)], eb = image_end[static_cast<std::size_t>(b)];
+            push(pos, sb);
+            if (t != MaskTemplate::document)
+                for (std::int64_t s = sink_start[static_cast<std::size_t>(b)]; s < sink_start[static_cast<std::size_t>(b) + 1]; ++s)
+                    push(sink_pos[static_cast<std::size_t>(s)], sink_pos[static_cast<std::size_t>(s)] + 1);
+            pos = eb;
+        }
+        push(pos, sa);
+        if (t == MaskTemplate::sink) {
+            bool self_done = false;
+            for (std::int64_t s = sink_start[static_cast<std::size_t>(a)]; s < sink_start[static_cast<std::size_t>(a) + 1]; ++s) {
+                const std::int64_t p = sink_pos[static_cast<std::size_t>(s)];
+                if (p >= hi) break;
+                if (!self_done && i < p) {
+                    push(i, i + 1);
+                    self_done = true;
+                }
+                push(p, p + 1);
+            }
+            if (!self_done) push(i, i + 1);
+        } else {
+            push(sa, hi);
+        }
+    }
+
+    // Number of keys query i may see.
+    std::int64_t row_count(MaskTemplate t, std::int64_t i, std::vector<KeyInterval>& scratch) const {
+        row_intervals(t, i, scratch);
+        std::int64_t c = 0;
+        for (const auto& iv : scratch) c += iv.hi - iv.lo;
+        return c;
+    }
+};
+
+// Builds the mask description of a layout. Throws on bad options.
+inline MaskContext make_mask_context(const Layout& layout, const MaskOptions& opt = {}) {
+    constexpr const char* fn = "make_mask_context";
+    check_mask_options(opt, fn);
+    detail::require(layout.n() > 0, fn, "empty layout, expected at least one token");
+    MaskContext c;
+    c.n = layout.n();
+    c.bidirectional_images = opt.bidirectional_images;
+    c.token_image.assign(static_cast<std::size_t>(c.n), -1);
+    c.token_sink.assign(static_cast<std::size_t>(c.n), 0);
+    c.sink_start.push_back(0);
+    for (const auto& s : layout.segments()) {
+        if (!s.is_visual()) continue;
+        const auto img = static_cast<std::int32_t>(c.image_start.size());
+        c.image_start.push_back(s.start);
+        c.image_end.push_back(s.end());
+        for (std::int64_t p = s.start; p < s.end(); ++p) c.token_image[static_cast<std::size_t>(p)] = img;
+        if (opt.sink_offsets.empty()) {
+            // ceil(fraction * len), computed so that exact products (0.25 * 8 = 2) are not pushed up by rounding.
+            const double x = opt.sink_fraction * static_cast<double>(s.length);
+            auto cnt = static_cast<std::int64_t>(std::ceil(x - 1e-9 * std::max(1.0, x)));
+            cnt = std::clamp<std::int64_t>(cnt, 1, s.length);
+            for (std::int64_t p = s.start; p < s.start + cnt; ++p) c.sink_pos.push_back(p);
+        } else {
+            for (auto off : opt.sink_offsets)
+                if (off < s.length) c.sink_pos.push_back(s.start + off);
+        }
+        c.sink_start.push_back(static_cast<std::int64_t>(c.sink_pos.size()));
+    }
+    for (auto p : c.sink_pos) c.token_sink[static_cast<std::size_t>(p)] = 1;
+    return c;
+}
+
+// Dense boolean expansion [n, n] (row-major, 1 = allowed) of one template: for tests and pictures.
+inline std::vector<std::uint8_t> expand_mask(const MaskContext& c, MaskTemplate t) {
+    std::vector<std::uint8_t> m(static_cast<std::size_t>(c.n * c.n), 0);
+    for (std::int64_t i = 0; i < c.n; ++i)
+        for (std::int64_t j = 0; j < c.n; ++j) m[static_cast<std::size_t>(i * c.n + j)] = c.allows(t, i, j) ? 1 : 0;
+    return m;
+}
+
+}  // namespace vlsparse

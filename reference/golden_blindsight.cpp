@@ -1,0 +1,225 @@
+// BlindSight golden cases for vlsparse-golden (see golden_gen.cpp and docs/golden-format.md).
+//
+// Template masks for several layouts (1, 4 and 8 images of unequal sizes, text between images,
+// delimiters, Gemma-style offsets with bidirectional images), masked attention outputs with per-head
+// templates (GQA, fp32 and bf16), Algorithm 1 decisions with their NMSE values (a case whose NMSE
+// lies within 1e-3 (relative) of alpha is rejected: a port could legitimately decide otherwise),
+// Algorithm 2 results, and FLOPs by both methods. Every case is small (the folder is well under 1 MB).
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <vlsparse/reference/blindsight.hpp>
+#include <vlsparse/reference/blindsight_golden.hpp>
+#include <vlsparse/sim/synthetic.hpp>
+
+namespace fs = std::filesystem;
+using namespace vlsparse;
+
+namespace {
+
+struct ReferenceBackend {
+    template <class T>
+    static void masked(View3<const T> q, View3<const T> k, View3<const T> v, const MaskContext& c,
+                       std::span<const MaskTemplate> heads, View3<float> o) {
+        reference::masked_attention(q, k, v, c, heads, o);
+    }
+    template <class T>
+    static std::vector<HeadCharacterization> characterize(View3<const T> q, View3<const T> k, View3<const T> v,
+                                                          const Layout& l, const BlindSightParams& P) {
+        return reference::characterize_prompt(q, k, v, l, P);
+    }
+};
+
+struct CaseDef {
+    std::string name, description, layout;
+    BlindSightParams params{};
+    std::string dtype = "fp32";
+    std::int64_t H = 0, Hkv = 0, d = 0;
+    std::vector<std::int64_t> heads;
+    std::int64_t agg_layers = 0, agg_heads = 0;  // aggregation tallies (random, seeded) when > 0
+    std::uint64_t seed = 1;
+};
+
+CaseDef make_def(std::string name, std::string description, std::string layout) {
+    CaseDef c;
+    c.name = std::move(name);
+    c.description = std::move(description);
+    c.layout = std::move(layout);
+    return c;
+}
+
+float round_to(const std::string& dtype, float x) { return dtype == "bf16" ? to_float(bfloat16(x)) : x; }
+
+void write_case(const fs::path& root, const CaseDef& def) {
+    golden::BlindSightCaseInputs c;
+    c.layout = Layout::parse(def.layout);
+    c.params = def.params;
+    c.dtype = def.dtype;
+    c.H = def.H;
+    c.Hkv = def.Hkv;
+    c.d = def.d;
+    c.heads = def.heads;
+    const std::int64_t n = c.layout.n();
+    if (def.H > 0) {
+        sim::SyntheticParams S;
+        S.n_heads = def.H;
+        S.n_kv_heads = def.Hkv;
+        S.head_dim = def.d;
+        S.seed = def.seed;
+        const auto L = sim::synthetic_layer(c.layout, S, 3);
+        for (float x : L.q) c.q.push_back(round_to(def.dtype, x));
+        for (float x : L.k) c.k.push_back(round_to(def.dtype, x));
+        for (float x : L.v) c.v.push_back(round_to(def.dtype, x));
+    }
+    if (def.agg_layers > 0) {
+        SplitMix64 rng(def.seed);
+        for (std::int64_t i = 0; i < def.agg_layers * def.agg_heads; ++i) {
+            // Tallies over 20 prompts, skewed so every branch of Algorithm 2 occurs.
+            std::int64_t cnt[4] = {0, 0, 0, 0};
+            const auto bias = static_cast<std::size_t>(rng.next() % 4);
+            for (int p = 0; p < 20; ++p) ++cnt[rng.uniform() < 0.7 ? bias : static_cast<std::size_t>(rng.next() % 4)];
+            c.counts.insert(c.counts.end(), cnt, cnt + 4);
+        }
+    }
+    const auto outputs = golden::run_blindsight_case<ReferenceBackend>(c);
+    for (const auto& o : outputs)
+        if (o.name == "nmse") {
+            const auto v = o.array.to_vector<double>();
+            for (double x : v)
+                if (std::abs(x - c.params.alpha) <= 1e-3 * c.params.alpha)
+                    throw error("vlsparse-golden", def.name + ": an NMSE is within 1e-3 of alpha; change the seed or alpha");
+        }
+    std::printf("  %-28s n=%-4lld %s\n", def.name.c_str(), static_cast<long long>(n), def.layout.c_str());
+
+    const fs::path dir = root / "blindsight" / def.name;
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    GoldenManifest m;
+    m.algorithm = "blindsight";
+    m.case_name = def.name;
+    m.generator = std::string("vlsparse-golden ") + VLSPARSE_VERSION_STRING;
+    m.params = to_json(def.params);
+    m.layout = c.layout.to_string();
+    auto input = [&](const std::string& name, const std::vector<float>& x, std::vector<std::int64_t> shape,
+                     const std::string& what) {
+        GoldenTensor t;
+        t.name = name;
+        t.description = what;
+        if (def.dtype == "fp32") write_tensor(dir, t, x, shape);
+        else write_tensor(dir, t, golden::detail::narrow_to<bfloat16>(x), shape);
+        m.inputs.push_back(t);
+    };
+    if (def.H > 0) {
+        input("q", c.q, {n, c.H, c.d}, "queries [n, H, d]");
+        input("k", c.k, {n, c.Hkv, c.d}, "keys [n, H_kv, d]");
+        input("v", c.v, {n, c.Hkv, c.d}, "values [n, H_kv, d]");
+    }
+    if (!c.heads.empty()) {
+        GoldenTensor t;
+        t.name = "heads";
+        t.description = "template code per query head for masked_out (0 Dense, 1 Sink, 2 Document, 3 Document-Sink)";
+        write_tensor(dir, t, c.heads, {c.H});
+        m.inputs.push_back(t);
+    }
+    if (!c.counts.empty()) {
+        GoldenTensor t;
+        t.name = "counts";
+        t.description = "Algorithm 1 tallies per (layer, head), columns Dense, Sink, Document, Document-Sink";
+        write_tensor(dir, t, c.counts, {def.agg_layers * def.agg_heads, 4});
+        m.inputs.push_back(t);
+    }
+    const char* what[][2] = {
+        {"masks", "expanded masks [4, n, n] (1 = query row may attend key column), templates in code order"},
+        {"allowed_pairs", "exact allowed (query, key) pairs per template"},
+        {"flops_paper", "Algorithm 3 as printed, FLOPs reduction per template (Dense 0)"},
+        {"flops_exact", "1 - allowed_pairs / allowed_pairs[Dense]"},
+        {"masked_out", "masked attention output [n, H, d] with the per-head templates of input heads"},
+        {"nmse", "Algorithm 1 NMSE [H, 4] against the Dense output (column 0 is 0)"},
+        {"chosen", "Algorithm 1 template code per head"},
+        {"aggregated", "Algorithm 2 template code per (layer, head)"},
+    };
+    for (const auto& o : outputs) {
+        GoldenTensor t;
+        t.name = o.name;
+        for (const auto& w : what)
+            if (o.name == w[0]) t.description = w[1];
+        std::tie(t.metric, t.tol) = golden::blindsight_output_metric(o.name);
+        write_tensor(dir, t, o.array);
+        m.outputs.push_back(t);
+    }
+    m.note = "generated by reference/golden_gen.cpp (vlsparse-golden), do not edit. " + def.description;
+    write_manifest(dir, m);
+}
+
+std::vector<CaseDef> blindsight_cases() {
+    std::vector<CaseDef> cases;
+    cases.push_back(make_def("one_image", "One image between text: Document and Document-Sink equal Dense.",
+                     "text:5,text:1,image:24,text:1,text:3"));
+    cases.push_back(make_def("four_images_unequal",
+                     "Four images of unequal sizes, each between <image_start>/<image_end> delimiters, text between.",
+                     "text:4,text:1,image:12,text:1,text:2,text:1,image:20,text:1,text:1,image:9,text:1,text:3,text:1,"
+                     "image:16,text:1,text:2"));
+    {
+        std::string spec = "text:3";
+        const int sizes[] = {5, 11, 3, 8, 14, 6, 9, 4};
+        for (int s : sizes) spec += ",text:1,image:" + std::to_string(s) + ",text:1,text:2";
+        CaseDef c = make_def("eight_images", "Eight images of 3 to 14 tokens with delimiters and text between; sink fraction 0.25.", spec);
+        c.params.mask.sink_fraction = 0.25;
+        cases.push_back(c);
+    }
+    {
+        CaseDef c = make_def("gemma_offsets_bidirectional",
+                  "Gemma 3 style: equal images, sinks at fixed offsets {0, 3, 7}, bidirectional attention inside an image.",
+                  "text:4,text:1,image:12,text:1,text:2,text:1,image:12,text:1,text:2,text:1,image:12,text:1,text:1");
+        c.params.mask.sink_offsets = {0, 3, 7};
+        c.params.mask.bidirectional_images = true;
+        cases.push_back(c);
+    }
+    {
+        CaseDef c = make_def("attention_gqa_fp32", "Masked attention and Algorithm 1, GQA 8/2, fp32, four images, mixed head templates.",
+                  "text:6,text:1,image:30,text:1,text:4,text:1,image:22,text:1,text:2,text:1,image:26,text:1,text:3,"
+                  "text:1,image:18,text:1,text:5");
+        c.H = 8;
+        c.Hkv = 2;
+        c.d = 16;
+        c.heads = {0, 1, 2, 3, 3, 2, 1, 0};
+        c.seed = 11;
+        cases.push_back(c);
+    }
+    {
+        CaseDef c = make_def("attention_bf16_gemma", "Masked attention and Algorithm 1, MQA 4/1, bf16, Gemma-style offsets, bidirectional.",
+                  "text:5,text:1,image:16,text:1,text:3,text:1,image:16,text:1,text:3,text:1,image:16,text:1,text:2");
+        c.params.mask.sink_offsets = {1, 6, 11};
+        c.params.mask.bidirectional_images = true;
+        c.params.alpha = 0.2;
+        c.dtype = "bf16";
+        c.H = 4;
+        c.Hkv = 1;
+        c.d = 32;
+        c.heads = {1, 2, 3, 0};
+        c.seed = 5;
+        cases.push_back(c);
+    }
+    {
+        CaseDef c = make_def("aggregation", "Algorithm 2 on seeded tallies of 20 prompts for 6 layers x 8 heads (default gammas).",
+                  "text:2,image:6,text:1,image:4,text:1");
+        c.agg_layers = 6;
+        c.agg_heads = 8;
+        c.seed = 3;
+        cases.push_back(c);
+    }
+    return cases;
+}
+
+}  // namespace
+
+namespace vlsparse::golden {
+void write_blindsight_golden(const std::filesystem::path& root) {
+    std::printf("blindsight:\n");
+    for (const auto& c : blindsight_cases()) write_case(root, c);
+}
+}  // namespace vlsparse::golden
