@@ -10,6 +10,7 @@
 #include "vlsparse/core/dtype.hpp"
 #include "vlsparse/core/error.hpp"
 #include "vlsparse/core/layout.hpp"
+#include "vlsparse/core/model_shape.hpp"
 #include "vlsparse/core/rng.hpp"
 #include "vlsparse/core/selection.hpp"
 #include "vlsparse/core/tensor.hpp"

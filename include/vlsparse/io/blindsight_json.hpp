@@ -15,15 +15,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "vlsparse/core/model_shape.hpp"
 #include "vlsparse/io/params_json.hpp"
 #include "vlsparse/policies/blindsight.hpp"
 
 namespace vlsparse {
-
-struct ModelShape {
-    std::int64_t layers = 0, heads = 0, kv_heads = 0, head_dim = 0;
-    bool operator==(const ModelShape&) const = default;
-};
 
 inline nlohmann::json to_json(const BlindSightParams& P) {
     return nlohmann::json{{"alpha", P.alpha},
