@@ -12,9 +12,10 @@
 #include <string>
 #include <vector>
 
+#include <vlsparse/reference/golden_writer.hpp>
 #include <vlsparse/reference/zipvl.hpp>
 #include <vlsparse/reference/zipvl_golden.hpp>
-#include <vlsparse/sim/synthetic.hpp>
+#include <vlsparse/reference/golden_synthetic.hpp>
 
 namespace fs = std::filesystem;
 using namespace vlsparse;
@@ -28,12 +29,6 @@ struct CaseDef {
     bool uniform_q = false;  // q = 0: uniform attention, exact ties
     std::uint64_t seed = 1;
 };
-
-float round_to(const std::string& dtype, float x) {
-    if (dtype == "fp16") return to_float(half(x));
-    if (dtype == "bf16") return to_float(bfloat16(x));
-    return x;
-}
 
 // Smallest relative margin of the decisions of a selection (p boundary and top-k cutoff); exact
 // ties (margin 0 from equal values, resolved by position) are skipped.
@@ -62,13 +57,13 @@ double decision_margin(const ZipVLSelection& s, const ZipVLParams& P) {
 void write_case(const fs::path& root, const CaseDef& def) {
     const Layout layout = Layout::parse(def.layout);
     const std::int64_t n = layout.n();
-    sim::SyntheticParams S;
+    golden::SyntheticParams S;
     S.n_heads = def.H;
     S.n_kv_heads = def.Hkv;
     S.head_dim = def.d;
     S.seed = def.seed;
-    const auto L = sim::synthetic_layer(layout, S, def.layer);
-    const auto D = sim::synthetic_layer(Layout::text_only(def.steps), [&] {
+    const auto L = golden::synthetic_layer(layout, S, def.layer);
+    const auto D = golden::synthetic_layer(Layout::text_only(def.steps), [&] {
         auto s2 = S;
         s2.seed = def.seed + 1000;
         return s2;
@@ -84,11 +79,7 @@ void write_case(const fs::path& root, const CaseDef& def) {
     c.steps = def.steps;
     c.layout = layout;
     c.params = def.params;
-    auto rounded = [&](const std::vector<float>& x) {
-        std::vector<float> y(x.size());
-        for (std::size_t i = 0; i < x.size(); ++i) y[i] = round_to(def.dtype, x[i]);
-        return y;
-    };
+    auto rounded = [&](const std::vector<float>& x) { return golden::round_to_dtype(def.dtype, x); };
     c.q = def.uniform_q ? std::vector<float>(L.q.size(), 0.0f) : rounded(L.q);
     c.k = rounded(L.k);
     c.v = rounded(L.v);
@@ -117,49 +108,22 @@ void write_case(const fs::path& root, const CaseDef& def) {
         }
     }
 
-    const fs::path dir = root / "zipvl" / def.name;
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    GoldenManifest m;
-    m.algorithm = "zipvl";
-    m.case_name = def.name;
-    m.generator = std::string("vlsparse-golden ") + VLSPARSE_VERSION_STRING;
-    m.params = to_json(def.params);
-    m.layout = layout.to_string();
-    auto input = [&](const std::string& name, const std::vector<float>& x, std::vector<std::int64_t> shape,
-                     const std::string& what) {
-        GoldenTensor t;
-        t.name = name;
-        t.description = what;
-        if (def.dtype == "fp32") write_tensor(dir, t, x, shape);
-        else if (def.dtype == "fp16") write_tensor(dir, t, golden::detail::narrow<half>(x), shape);
-        else write_tensor(dir, t, golden::detail::narrow<bfloat16>(x), shape);
-        m.inputs.push_back(t);
-    };
-    input("q", c.q, {n, c.H, c.d}, "queries [n, H, d]");
-    input("k", c.k, {n, c.Hkv, c.d}, "keys [n, H_kv, d]");
-    input("v", c.v, {n, c.Hkv, c.d}, "values [n, H_kv, d]");
-    {
-        GoldenTensor t;
-        t.name = "layer";
-        t.description = "layer index passed to zipvl_select (probe seed = params.seed + layer)";
-        const std::vector<std::int64_t> l = {c.layer};
-        write_tensor(dir, t, l, {1});
-        m.inputs.push_back(t);
-    }
-    input("decode_q", c.dq, {c.steps, c.H, c.d}, "decode-step queries [S, H, d]");
-    input("decode_k", c.dk, {c.steps, c.Hkv, c.d}, "decode-step keys, appended before each step [S, H_kv, d]");
-    input("decode_v", c.dv, {c.steps, c.Hkv, c.d}, "decode-step values [S, H_kv, d]");
-
+    golden::CaseWriter w(root, "zipvl", def.name, to_json(def.params), layout.to_string(), def.dtype);
+    w.input("q", c.q, {n, c.H, c.d}, "queries [n, H, d]");
+    w.input("k", c.k, {n, c.Hkv, c.d}, "keys [n, H_kv, d]");
+    w.input("v", c.v, {n, c.Hkv, c.d}, "values [n, H_kv, d]");
+    w.input_exact("layer", std::vector<std::int64_t>{c.layer}, {1},
+                  "layer index passed to zipvl_select (probe seed = params.seed + layer)");
+    w.input("decode_q", c.dq, {c.steps, c.H, c.d}, "decode-step queries [S, H, d]");
+    w.input("decode_k", c.dk, {c.steps, c.Hkv, c.d}, "decode-step keys, appended before each step [S, H_kv, d]");
+    w.input("decode_v", c.dv, {c.steps, c.Hkv, c.d}, "decode-step values [S, H_kv, d]");
     for (auto& out : golden::run_zipvl_case<golden::ZipVLReferenceBackend>(c)) {
         GoldenTensor t;
         t.name = out.name;
         std::tie(t.metric, t.tol) = golden::zipvl_output_metric(out.name);
-        write_tensor(dir, t, out.array);
-        m.outputs.push_back(t);
+        w.output(std::move(t), out.array);
     }
-    m.note = "generated by reference/golden_gen.cpp (vlsparse-golden), do not edit. " + def.description;
-    write_manifest(dir, m);
+    w.finish(def.description);
 }
 
 std::vector<CaseDef> zipvl_cases() {

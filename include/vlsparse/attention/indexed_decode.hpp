@@ -9,13 +9,19 @@
 // consecutive rows goes through the same dots / weighted_sum kernels as decode_attention); scattered
 // fp32 rows and fp16/bf16 rows are staged chunk by chunk (128 rows) in a per-thread buffer that
 // stays in L2. Work items are (KV head, chunk of its list), run in parallel with OpenMP, each a local softmax merged
-// exactly, as in simd::decode_attention. Serves ZipVL's decode and A-VL's core/secondary steps.
+// exactly. Serves ZipVL's decode and A-VL's core/secondary steps; simd::decode_attention is this
+// engine with every row listed.
 // Same signature and semantics as vlsparse::reference::indexed_decode_attention.
 // Include: <vlsparse/vlsparse.hpp> (or this header alone).
 #pragma once
 
 #include "vlsparse/attention/cache_rows.hpp"
-#include "vlsparse/attention/decode.hpp"
+#include "vlsparse/attention/dense.hpp"
+#include "vlsparse/kv/kv_cache.hpp"
+
+#ifndef VLSPARSE_SIMD_DECODE_CHUNK
+#define VLSPARSE_SIMD_DECODE_CHUNK 128  // listed rows per work item (64 KiB of fp32 K at d = 128)
+#endif
 
 #ifndef VLSPARSE_SIMD_INDEXED_MIN_RUN
 #define VLSPARSE_SIMD_INDEXED_MIN_RUN 8  // fp32: mean run length (rows) from which rows are read in place
@@ -28,7 +34,8 @@ namespace vlsparse::simd {
 
 namespace detail {
 
-// probs_f: null, or [H, L] fp32 (row stride L) receiving the probabilities of every listed row.
+inline constexpr std::int64_t kDecodeChunk = VLSPARSE_SIMD_DECODE_CHUNK;
+static_assert(kDecodeChunk >= 1, "VLSPARSE_SIMD_DECODE_CHUNK must be >= 1");
 inline constexpr std::int64_t kMinRun = VLSPARSE_SIMD_INDEXED_MIN_RUN;
 inline constexpr std::int64_t kPrefetchRows = VLSPARSE_SIMD_INDEXED_PREFETCH_ROWS;
 static_assert(kMinRun >= 1, "VLSPARSE_SIMD_INDEXED_MIN_RUN must be >= 1");
@@ -37,6 +44,8 @@ static_assert(kPrefetchRows >= 1, "VLSPARSE_SIMD_INDEXED_PREFETCH_ROWS must be >
 template <class TC>
 inline constexpr std::int64_t kLineFloats = 64 / static_cast<std::int64_t>(sizeof(TC));
 
+// The decode engine, shared with simd::decode_attention (which lists every row).
+// probs_f: null, or [H, L] fp32 (row stride L) receiving the probabilities of every listed row.
 template <class Arch, class TQ, class TC, class TO>
 void run_indexed_decode(const View2<const TQ>& q, const KvCache<TC>& cache, const CacheRows& rows,
                         const View2<TO>& out, float scale, float* probs_f, std::int64_t L,

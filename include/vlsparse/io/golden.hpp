@@ -383,6 +383,16 @@ inline NpyArray read_tensor(const std::filesystem::path& dir, const GoldenTensor
     return a;
 }
 
+// Reads a tensor of any floating dtype (fp32, fp16, bf16 stored as raw bits, fp64) as fp32 values,
+// flat in C order: how a port or a test takes a case's inputs.
+inline std::vector<float> read_tensor_f32(const std::filesystem::path& dir, const GoldenTensor& t) {
+    const NpyArray a = read_tensor(dir, t);
+    const U2As u2 = t.dtype == "bf16" ? U2As::bfloat16 : U2As::uint16;
+    std::vector<float> out(static_cast<std::size_t>(a.numel()));
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(a.at_double(i, u2));
+    return out;
+}
+
 // ---- comparison -------------------------------------------------------------------------------
 
 struct CompareResult {

@@ -96,14 +96,7 @@ inline AvlCaseInputs read_avl_inputs(const std::filesystem::path& dir, GoldenMan
     c.H = tq.shape[1];
     c.d = tq.shape[2];
     c.Hkv = tk.shape[1];
-    auto load = [&](const char* name) {
-        const GoldenTensor& t = m.input(name);
-        const NpyArray a = read_tensor(dir, t);
-        const auto u2 = t.dtype == "bf16" ? U2As::bfloat16 : U2As::uint16;
-        std::vector<float> out(static_cast<std::size_t>(a.numel()));
-        for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(a.at_double(i, u2));
-        return out;
-    };
+    auto load = [&](const char* name) { return read_tensor_f32(dir, m.input(name)); };
     c.q = load("q");
     c.k = load("k");
     c.v = load("v");
