@@ -268,3 +268,39 @@ TEST_CASE("KvCache: errors leave the cache unchanged", "[kv]") {
     CHECK_THAT(error_of([] { KvCache<float> bad(0, 4); }), Contains("n_kv_heads = 0, expected > 0"));
     CHECK_THAT(error_of([] { KvCache<float> bad(2, 0); }), Contains("head_dim = 0, expected > 0"));
 }
+
+TEST_CASE("KvCache: assign with positions (a layer after a sequence filter)", "[kv]") {
+    const HeadMajorKv src(4, 2, 2);  // the K/V of the 4 tokens still in the sequence
+    KvCache<float> c(2, 2);
+    const std::vector<std::int64_t> pos = {0, 3, 4, 8};
+    c.assign(src.kview(), src.vview(), pos, 10);
+    CHECK(c.seq_len() == 10);
+    CHECK(positions(c, 0) == pos);
+    CHECK(positions(c, 1) == pos);
+    for (std::int64_t g = 0; g < 2; ++g)  // row i holds input token i, under position pos[i]
+        for (std::int64_t r = 0; r < 4; ++r)
+            for (std::int64_t col = 0; col < 2; ++col) {
+                REQUIRE(c.k(g)(r, col) == kval(r, g, col));
+                REQUIRE(c.v(g)(r, col) == vval(r, g, col));
+            }
+    // Eviction speaks in positions; decode appends at seq_len.
+    c.keep(shared(10, {3, 8}));
+    CHECK(positions(c, 0) == std::vector<std::int64_t>{3, 8});
+    std::vector<float> row(4, 1.0f);
+    c.append(vlsparse::View2<const float>(row.data(), {2, 2}), vlsparse::View2<const float>(row.data(), {2, 2}));
+    CHECK(positions(c, 1) == std::vector<std::int64_t>{3, 8, 10});
+    CHECK(c.seq_len() == 11);
+
+    // Bad positions: wrong count, out of range, unsorted; the cache is left unchanged.
+    KvCache<float> d(2, 2);
+    d.assign(src.kview(), src.vview());
+    const std::vector<std::int64_t> three = {0, 1, 2}, beyond = {0, 1, 2, 10}, unsorted = {0, 2, 1, 3};
+    CHECK_THAT(error_of([&] { d.assign(src.kview(), src.vview(), three, 10); }),
+               Contains("KvCache::assign: positions has 3 entries and k has 4 rows"));
+    CHECK_THAT(error_of([&] { d.assign(src.kview(), src.vview(), beyond, 10); }),
+               Contains("positions[3] = 10, expected a position in [0, seq_len = 10)"));
+    CHECK_THAT(error_of([&] { d.assign(src.kview(), src.vview(), unsorted, 10); }),
+               Contains("positions[2] = 1 is not above positions[1] = 2"));
+    CHECK(d.seq_len() == 4);
+    CHECK(positions(d, 0) == std::vector<std::int64_t>{0, 1, 2, 3});
+}

@@ -76,6 +76,29 @@ public:
         seq_len_ = n;
     }
 
+    // Replace the contents with K, V [m, n_kv_heads, head_dim] of the tokens at `positions` (m entries,
+    // ascending, unique, each in [0, seq_len)); the sequence has seen seq_len tokens, so decode appends
+    // at position seq_len. For layers after a sequence filter (FastV, A-VL's prefill filter): they hold
+    // only the tokens still in the sequence, under their original positions.
+    template <ElementType TI>
+    void assign(View3<const TI> k, View3<const TI> v, std::span<const std::int64_t> positions, std::int64_t seq_len) {
+        constexpr const char* fn = "KvCache::assign";
+        check_kv(k, v, fn);
+        const std::int64_t m = k.shape[0];
+        detail::require(static_cast<std::int64_t>(positions.size()) == m, fn, "positions has ", positions.size(),
+                        " entries and k has ", m, " rows, expected equal");
+        for (std::size_t i = 0; i < positions.size(); ++i) {
+            detail::require(positions[i] >= 0 && positions[i] < seq_len, fn, "positions[", i, "] = ", positions[i],
+                            ", expected a position in [0, seq_len = ", seq_len, ")");
+            detail::require(i == 0 || positions[i] > positions[i - 1], fn, "positions[", i, "] = ", positions[i],
+                            " is not above positions[", i - 1, "] = ", positions[i - 1],
+                            "; expected ascending positions without duplicates");
+        }
+        assign(k, v);
+        for (auto& h : heads_) std::copy(positions.begin(), positions.end(), h.pos.begin());
+        seq_len_ = seq_len;
+    }
+
     // Append one token's K, V [n_kv_heads, head_dim] at position seq_len() to every KV head.
     template <ElementType TI>
     void append(View2<const TI> k, View2<const TI> v) {
