@@ -12,6 +12,8 @@ namespace vlsparse::golden {
 void write_zipvl_golden(const std::filesystem::path& root);
 void write_blindsight_golden(const std::filesystem::path& root);
 void write_avl_golden(const std::filesystem::path& root);
+void write_baselines_golden(const std::filesystem::path& root);
+void write_purekv_golden(const std::filesystem::path& root);
 }  // namespace vlsparse::golden
 
 int main(int argc, char** argv) try {
@@ -24,6 +26,8 @@ int main(int argc, char** argv) try {
     vlsparse::golden::write_zipvl_golden(root);
     vlsparse::golden::write_blindsight_golden(root);
     vlsparse::golden::write_avl_golden(root);
+    vlsparse::golden::write_baselines_golden(root);
+    vlsparse::golden::write_purekv_golden(root);
     return 0;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "vlsparse-golden: error: %s\n", e.what());

@@ -1,8 +1,9 @@
 #!/bin/sh
-# golden_numpy_port.sh PYTHON GOLDEN_DIR: the independent numpy port of ZipVL
-# (reference/python/zipvl_numpy.py) recomputes every golden/zipvl case from its inputs, and
-# golden_check.py judges it by each output's metric: the docs, the golden files and the C++
-# reference must all agree. Skips (77) when the interpreter has no numpy.
+# golden_numpy_port.sh PYTHON GOLDEN_DIR: the independent numpy ports of ZipVL
+# (reference/python/zipvl_numpy.py) and PureKV (reference/python/purekv_numpy.py) recompute every
+# golden/zipvl and golden/purekv case from its inputs, and golden_check.py judges each by its
+# outputs' metrics: the docs, the golden files and the C++ reference must all agree. Skips (77)
+# when the interpreter has no numpy.
 set -eu
 py="$1"; golden="$2"; here="$(dirname "$0")/../reference/python"
 if ! "$py" -c "import numpy" 2>/dev/null; then
@@ -10,9 +11,11 @@ if ! "$py" -c "import numpy" 2>/dev/null; then
 fi
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 status=0
-for case in "$golden"/zipvl/*/; do
-  name=$(basename "$case")
-  "$py" "$here/zipvl_numpy.py" "$case" "$tmp/$name"
-  "$py" "$here/golden_check.py" "$case" "$tmp/$name" || status=1
+for algo in zipvl purekv; do
+  for case in "$golden/$algo"/*/; do
+    name=$(basename "$case")
+    "$py" "$here/${algo}_numpy.py" "$case" "$tmp/$algo/$name"
+    "$py" "$here/golden_check.py" "$case" "$tmp/$algo/$name" || status=1
+  done
 done
 exit $status

@@ -1,7 +1,8 @@
 // vlsparse/masks/block_mask.hpp -- the compressed block form of a per-head template mask.
 //
 // Query blocks follow the prompt: each maximal run of text tokens and each image is cut into blocks
-// of at most q_block rows, so no query block mixes text rows (dense) with image rows (sparse);
+// of at most q_block rows, so no query block mixes text rows (dense) with image rows (sparse); with a
+// PureKV video mask on the context (make_video_mask_context) each frame of a video is cut on its own;
 // block qb holds rows [q_block_start[qb], q_block_start[qb+1]). For head h and query block qb the key blocks
 // kb (keys [kb*k_block, ...)) split into: fully allowed (every pair allowed), partly allowed (some
 // pairs), and skipped (none). Row r = h * n_q_blocks + qb of the CSR arrays lists them ascending:
@@ -13,10 +14,12 @@
 // Inside a partial block the pair (i, j) is allowed when context.allows(head_template[h], i, j)
 // (or, equivalently, j lies in one of context.row_intervals(...)). Plain data (vectors of integers),
 // the form a CUDA kernel consumes; the idea of FlexAttention's block masks (ARCHITECTURE.md 5).
-// Built from the layout in O(H_distinct * n * (segments + sinks + n / k_block)), never n x n.
+// Built from the layout in O(H_distinct * n * (segments + sinks + n / k_block)) (plus the atrous
+// window per row), never n x n.
 // Include: <vlsparse/masks/block_mask.hpp>
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -101,7 +104,8 @@ inline BlockStats block_counts(const MaskContext& c, MaskTemplate t, const std::
     return st;
 }
 
-// Query block starts: every maximal text run and every image cut into pieces of at most q_block rows.
+// Query block starts: every maximal text run and every image cut into pieces of at most q_block rows;
+// with a video mask, every frame of a video on its own.
 inline std::vector<std::int64_t> query_block_starts(const MaskContext& c, std::int64_t q_block) {
     std::vector<std::int64_t> st;
     std::int64_t i = 0;
@@ -109,7 +113,14 @@ inline std::vector<std::int64_t> query_block_starts(const MaskContext& c, std::i
         const std::int32_t a = c.token_image[static_cast<std::size_t>(i)];
         std::int64_t e = i;
         while (e < c.n && c.token_image[static_cast<std::size_t>(e)] == a) ++e;  // a run of one image, or of text
-        for (std::int64_t b = i; b < e; b += q_block) st.push_back(b);
+        const std::int64_t frame =
+            c.video != VideoMask::none && a >= 0 ? c.image_frame_tokens[static_cast<std::size_t>(a)] : 0;
+        if (frame > 0) {
+            for (std::int64_t f = i; f < e; f += frame)
+                for (std::int64_t b = f; b < std::min(e, f + frame); b += q_block) st.push_back(b);
+        } else {
+            for (std::int64_t b = i; b < e; b += q_block) st.push_back(b);
+        }
         i = e;
     }
     st.push_back(c.n);
@@ -128,6 +139,12 @@ inline BlockMask make_block_mask(const MaskContext& ctx, std::span<const MaskTem
     detail::require(ctx.n > 0 && static_cast<std::int64_t>(ctx.token_image.size()) == ctx.n, fn,
                     "mask context has n = ", ctx.n, " and ", ctx.token_image.size(),
                     " token entries, expected a context from make_mask_context");
+    if (ctx.video != VideoMask::none) {
+        check_video_mask_options({ctx.video, ctx.video_window, ctx.video_dilation}, fn);
+        detail::require(static_cast<std::int64_t>(ctx.image_frame_tokens.size()) == ctx.images(), fn,
+                        "mask context has a video mask but ", ctx.image_frame_tokens.size(), " frame sizes for ",
+                        ctx.images(), " images, expected a context from make_video_mask_context");
+    }
     for (std::size_t h = 0; h < heads.size(); ++h)
         detail::require(static_cast<std::uint8_t>(heads[h]) <= 3, fn, "head ", h, " has template value ",
                         static_cast<int>(heads[h]), ", expected one of Dense, Sink, Document, Document-Sink");

@@ -14,6 +14,18 @@
 // list of fixed offsets inside each image (Gemma 3; offsets >= an image's length are ignored for it).
 // Image and video segments are both "images" (one document each); text segments, delimiter tokens
 // included, are always dense. Only prefill masks (n_q == n_k) are defined.
+//
+// PureKV video masks (ST-SpAttn and its ablations; ARCHITECTURE.md 4.3, docs/purekv.md), set on a
+// context by make_video_mask_context, restrict the pairs of a video query i and a key j of the SAME
+// video further (every other pair is left to the template): with F frames of T tokens, query i in
+// frame f at slot s, key j in frame f' at slot s', j <= i always, j == i always allowed:
+//     spatial           f' == 0  or  f' == f                  (first frame + own frame, causal)
+//     temporal          f' == 0  or  (f' == f - 1 and s' == s)  (first frame + same slot one frame back)
+//     spatial_temporal  spatial OR temporal (ST-SpAttn)
+//     local_window      i - j < W                               (the W latest tokens; W = window, 0: T)
+//     atrous            (i - j) % r == 0 and (i - j) / r < W      (W keys spaced r = dilation apart)
+// allows(t, i, j) = template t allows (i, j) AND the video mask allows it; VideoMask::none (the
+// default of make_mask_context) leaves the templates exactly as above.
 // Include: <vlsparse/masks/templates.hpp>
 #pragma once
 
@@ -58,6 +70,46 @@ struct MaskOptions {
     bool bidirectional_images = false;       // Gemma 3: an image query sees its whole image
 };
 
+// PureKV's video masks (the header comment gives each one's definition).
+enum class VideoMask : std::uint8_t { none = 0, spatial = 1, temporal = 2, spatial_temporal = 3, local_window = 4, atrous = 5 };
+inline constexpr VideoMask kVideoMasks[] = {VideoMask::spatial, VideoMask::temporal, VideoMask::spatial_temporal,
+                                            VideoMask::local_window, VideoMask::atrous};
+
+constexpr std::string_view to_string(VideoMask m) {
+    switch (m) {
+        case VideoMask::none: return "none";
+        case VideoMask::spatial: return "spatial";
+        case VideoMask::temporal: return "temporal";
+        case VideoMask::spatial_temporal: return "spatial_temporal";
+        case VideoMask::local_window: return "local_window";
+        case VideoMask::atrous: return "atrous";
+    }
+    return "?";
+}
+
+inline VideoMask video_mask_from_string(std::string_view s, const char* fn = "video_mask_from_string") {
+    if (s == to_string(VideoMask::none)) return VideoMask::none;
+    for (VideoMask m : kVideoMasks)
+        if (s == to_string(m)) return m;
+    throw error(fn, detail::concat("unknown video mask '", s,
+                                   "', expected none, spatial, temporal, spatial_temporal, local_window or atrous"));
+}
+
+struct VideoMaskOptions {
+    VideoMask kind = VideoMask::spatial_temporal;  // ST-SpAttn
+    std::int64_t window = 0;    // local_window, atrous: keys a video query sees in its video (itself included);
+                                // 0 = the video's tokens per frame
+    std::int64_t dilation = 2;  // atrous: distance between consecutive keys (>= 1; 1 is local_window)
+};
+
+inline void check_video_mask_options(const VideoMaskOptions& o, const char* fn) {
+    detail::require(static_cast<std::uint8_t>(o.kind) <= static_cast<std::uint8_t>(VideoMask::atrous), fn,
+                    "video mask kind has value ", static_cast<int>(o.kind),
+                    ", expected none, spatial, temporal, spatial_temporal, local_window or atrous");
+    detail::require(o.window >= 0, fn, "video mask window = ", o.window, ", expected >= 0 (0 = tokens per frame)");
+    detail::require(o.dilation >= 1, fn, "video mask dilation = ", o.dilation, ", expected >= 1");
+}
+
 inline void check_mask_options(const MaskOptions& o, const char* fn) {
     detail::require(std::isfinite(o.sink_fraction) && o.sink_fraction > 0.0 && o.sink_fraction <= 1.0, fn,
                     "sink_fraction = ", o.sink_fraction, ", expected 0 < sink_fraction <= 1");
@@ -83,11 +135,22 @@ struct MaskContext {
     std::vector<std::int64_t> image_end;    // [images] one past the last position
     std::vector<std::int64_t> sink_start;   // [images + 1] offsets into sink_pos
     std::vector<std::int64_t> sink_pos;     // sink positions of every image, ascending
+    std::vector<std::int64_t> image_frame_tokens;  // [images] tokens per frame of a video segment, 0 for an image
+    // PureKV video mask on video-query x same-video-key pairs (make_video_mask_context); none: no effect.
+    VideoMask video = VideoMask::none;
+    std::int64_t video_window = 0;    // local_window / atrous keys per query; 0 = tokens per frame
+    std::int64_t video_dilation = 1;  // atrous spacing
 
     std::int64_t images() const { return static_cast<std::int64_t>(image_start.size()); }
 
-    // The exact definition of the templates (the header comment), one pair at a time.
+    // The exact definition of the masks (the header comment), one pair at a time: the template, then
+    // the video mask.
     bool allows(MaskTemplate t, std::int64_t i, std::int64_t j) const {
+        return template_allows(t, i, j) && video_allows(i, j);
+    }
+
+    // The template alone (the video mask ignored).
+    bool template_allows(MaskTemplate t, std::int64_t i, std::int64_t j) const {
         if (j == i) return true;
         const std::int32_t a = token_image[static_cast<std::size_t>(i)];
         if (a < 0) return j < i;
@@ -104,15 +167,41 @@ struct MaskContext {
         }
     }
 
+    // The video mask alone: true unless i is a video token, j lies in the same video and the mask
+    // (VideoMask) excludes the pair.
+    bool video_allows(std::int64_t i, std::int64_t j) const {
+        if (video == VideoMask::none || j == i) return true;
+        const std::int32_t a = token_image[static_cast<std::size_t>(i)];
+        if (a < 0 || token_image[static_cast<std::size_t>(j)] != a) return true;
+        const std::int64_t T = image_frame_tokens[static_cast<std::size_t>(a)];
+        if (T == 0) return true;  // an image, not a video
+        if (j > i) return false;
+        const std::int64_t vs = image_start[static_cast<std::size_t>(a)];
+        const std::int64_t fi = (i - vs) / T, si = (i - vs) % T, fj = (j - vs) / T, sj = (j - vs) % T;
+        const std::int64_t W = video_window > 0 ? video_window : T;
+        switch (video) {
+            case VideoMask::spatial: return fj == 0 || fj == fi;
+            case VideoMask::temporal: return fj == 0 || (fj == fi - 1 && sj == si);
+            case VideoMask::spatial_temporal: return fj == 0 || fj == fi || (fj == fi - 1 && sj == si);
+            case VideoMask::local_window: return i - j < W;
+            case VideoMask::atrous: return (i - j) % video_dilation == 0 && (i - j) / video_dilation < W;
+            case VideoMask::none: break;
+        }
+        return true;
+    }
+
     // The keys query i may see, as sorted disjoint non-adjacent intervals (appended to `out` after
-    // clearing it). Same set as allows(t, i, j) over j; O(segments + sinks) per row.
+    // clearing it). Same set as allows(t, i, j) over j; O(segments + sinks) per row, plus O(window)
+    // for the atrous video mask.
     void row_intervals(MaskTemplate t, std::int64_t i, std::vector<KeyInterval>& out) const {
+        template_row_intervals(t, i, out);
+        if (video != VideoMask::none) restrict_to_video(t, i, out);
+    }
+
+    // The template's intervals alone (the video mask ignored).
+    void template_row_intervals(MaskTemplate t, std::int64_t i, std::vector<KeyInterval>& out) const {
         out.clear();
-        auto push = [&](std::int64_t lo, std::int64_t hi) {
-            if (lo >= hi) return;
-            if (!out.empty() && out.back().hi >= lo) out.back().hi = std::max(out.back().hi, hi);
-            else out.push_back({lo, hi});
-        };
+        auto push = [&](std::int64_t lo, std::int64_t hi) { push_interval(out, lo, hi); };
         const std::int32_t a = token_image[static_cast<std::size_t>(i)];
         if (a < 0 || t == MaskTemplate::dense) {
             push(0, a < 0 || !bidirectional_images ? i + 1 : image_end[static_cast<std::size_t>(a)]);
@@ -154,6 +243,66 @@ struct MaskContext {
         for (const auto& iv : scratch) c += iv.hi - iv.lo;
         return c;
     }
+
+private:
+    // Appends [lo, hi) to sorted intervals, merging with the last one when they touch.
+    static void push_interval(std::vector<KeyInterval>& out, std::int64_t lo, std::int64_t hi) {
+        if (lo >= hi) return;
+        if (!out.empty() && out.back().hi >= lo) out.back().hi = std::max(out.back().hi, hi);
+        else out.push_back({lo, hi});
+    }
+
+    // Intersects a video query's template intervals with the video mask. The template never reaches
+    // past the query's own video, and inside it allows either every earlier key (Dense, Document,
+    // Document-Sink: the intersection is the video mask's own set) or the video's sinks plus the
+    // query (Sink: each sink is tested against the video mask). Keys before the video are untouched.
+    void restrict_to_video(MaskTemplate t, std::int64_t i, std::vector<KeyInterval>& out) const {
+        const std::int32_t a = token_image[static_cast<std::size_t>(i)];
+        if (a < 0) return;
+        const std::int64_t T = image_frame_tokens[static_cast<std::size_t>(a)];
+        if (T == 0) return;
+        const std::int64_t vs = image_start[static_cast<std::size_t>(a)];
+        while (!out.empty() && out.back().lo >= vs) out.pop_back();
+        if (!out.empty() && out.back().hi > vs) out.back().hi = vs;
+        if (t == MaskTemplate::sink) {  // the video's sinks before i that the video mask keeps, then i
+            for (std::int64_t x = sink_start[static_cast<std::size_t>(a)]; x < sink_start[static_cast<std::size_t>(a) + 1]; ++x) {
+                const std::int64_t p = sink_pos[static_cast<std::size_t>(x)];
+                if (p >= i) break;
+                if (video_allows(i, p)) push_interval(out, p, p + 1);
+            }
+            push_interval(out, i, i + 1);
+            return;
+        }
+        const std::int64_t fi = (i - vs) / T, si = (i - vs) % T;
+        const std::int64_t W = video_window > 0 ? video_window : T;
+        switch (video) {
+            case VideoMask::spatial:
+            case VideoMask::temporal:
+            case VideoMask::spatial_temporal:
+                if (fi == 0) {
+                    push_interval(out, vs, i + 1);
+                    break;
+                }
+                push_interval(out, vs, vs + T);
+                if (video != VideoMask::spatial && fi >= 2) {
+                    const std::int64_t p = vs + (fi - 1) * T + si;
+                    push_interval(out, p, p + 1);
+                }
+                if (video == VideoMask::temporal) push_interval(out, i, i + 1);
+                else push_interval(out, vs + fi * T, i + 1);
+                break;
+            case VideoMask::local_window: push_interval(out, std::max(vs, i - W + 1), i + 1); break;
+            case VideoMask::atrous: {
+                const std::int64_t steps = std::min(W - 1, (i - vs) / video_dilation);
+                for (std::int64_t s = steps; s >= 0; --s) {
+                    const std::int64_t p = i - s * video_dilation;
+                    push_interval(out, p, p + 1);
+                }
+                break;
+            }
+            case VideoMask::none: push_interval(out, vs, i + 1); break;
+        }
+    }
 };
 
 // Builds the mask description of a layout. Throws on bad options.
@@ -172,6 +321,7 @@ inline MaskContext make_mask_context(const Layout& layout, const MaskOptions& op
         const auto img = static_cast<std::int32_t>(c.image_start.size());
         c.image_start.push_back(s.start);
         c.image_end.push_back(s.end());
+        c.image_frame_tokens.push_back(s.kind == SegmentKind::video ? s.tokens_per_frame : 0);
         for (std::int64_t p = s.start; p < s.end(); ++p) c.token_image[static_cast<std::size_t>(p)] = img;
         if (opt.sink_offsets.empty()) {
             // ceil(fraction * len), computed so that exact products (0.25 * 8 = 2) are not pushed up by rounding.
@@ -186,6 +336,20 @@ inline MaskContext make_mask_context(const Layout& layout, const MaskOptions& op
         c.sink_start.push_back(static_cast<std::int64_t>(c.sink_pos.size()));
     }
     for (auto p : c.sink_pos) c.token_sink[static_cast<std::size_t>(p)] = 1;
+    return c;
+}
+
+// The mask description of a layout with a PureKV video mask on its video segments (ST-SpAttn by
+// default). `mask` sets the sinks and bidirectionality the templates use (PureKV itself pairs the
+// video mask with the Dense template on every head). Throws on bad options.
+inline MaskContext make_video_mask_context(const Layout& layout, const VideoMaskOptions& video,
+                                           const MaskOptions& mask = {}) {
+    constexpr const char* fn = "make_video_mask_context";
+    check_video_mask_options(video, fn);
+    MaskContext c = make_mask_context(layout, mask);
+    c.video = video.kind;
+    c.video_window = video.window;
+    c.video_dilation = video.dilation;
     return c;
 }
 

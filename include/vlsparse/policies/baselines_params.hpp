@@ -1,0 +1,397 @@
+// vlsparse/policies/baselines_params.hpp -- the baselines' parameters and their backend-independent
+// steps (budgets, selection from scores, pooling-free choices), shared by the reference and the SIMD
+// path. Only the attention scores are backend arithmetic (plus SnapKV's pooling, done by each backend).
+//
+//   H2O          a_j = sum_{i >= j} sum_{h in group} A[h,i,j]         keep last r + top-h of a among the rest
+//                during decode: a_j += step attention; when the cache exceeds h + r, evict the same way
+//   SnapKV       s_j = sum_{i in last w} sum_{h in group} A[h,i,j],  j < n - w;  s' = pool_k(s)
+//                keep the window (last w) + top-(C - w) of s'             (C = capacity, n <= C keeps all)
+//   StreamingLLM keep the first `sinks` + the last `recent` positions (also during decode)
+//   FastV        s_j = (1/H) sum_h A[h, n-1, j] at layer K-1; keep top floor((1-R) m) of the m image
+//                tokens; the rest leave the sequence for layers K, K+1, ...
+//   random       keep k of the m scope tokens drawn by SplitMix64(seed + layer) without replacement
+//   fixed ratio  keep k of the m scope tokens at offsets floor(i m / k), i = 0..k-1 (uniform stride)
+// A[h,i,j] = softmax_{j <= i}(scale q_{i,h} . k_{j,g(h)}). Ties: lower position first (core/topk.hpp).
+// H2O: Zhang et al. 2023 (NeurIPS); SnapKV: Li et al. 2024; StreamingLLM: Xiao et al. 2024 (ICLR);
+// FastV: Chen et al. 2024 (ECCV). Conventions: ARCHITECTURE.md 4.5; docs/baselines.md.
+// Include: <vlsparse/policies/baselines.hpp> (SIMD path) or <vlsparse/reference/baselines.hpp> (reference).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "vlsparse/attention/common.hpp"
+#include "vlsparse/core/error.hpp"
+#include "vlsparse/core/layout.hpp"
+#include "vlsparse/core/rng.hpp"
+#include "vlsparse/core/selection.hpp"
+#include "vlsparse/core/topk.hpp"
+
+namespace vlsparse {
+
+// ---------------------------------------------------------------------------------------------------
+// Budgets: a count of tokens, or a fraction of a length (floor(fraction * len), computed in double as
+// written, like A-VL's budgets). A budget at or above the length keeps everything.
+enum class BudgetKind : std::uint8_t { count, fraction };
+constexpr std::string_view to_string(BudgetKind k) { return k == BudgetKind::count ? "count" : "fraction"; }
+
+struct TokenBudget {
+    BudgetKind kind = BudgetKind::count;
+    std::int64_t count = 0;   // tokens (kind == count), >= 0
+    double fraction = 0.0;    // share of the length (kind == fraction), 0 <= fraction <= 1
+
+    static constexpr TokenBudget tokens(std::int64_t c) { return {BudgetKind::count, c, 0.0}; }
+    static constexpr TokenBudget ratio(double f) { return {BudgetKind::fraction, 0, f}; }
+
+    void validate(const char* fn, const char* name) const {
+        if (kind == BudgetKind::count)
+            detail::require(count >= 0, fn, name, " = ", count, " tokens, expected a count >= 0");
+        else
+            detail::require(std::isfinite(fraction) && fraction >= 0.0 && fraction <= 1.0, fn, name, " = ", fraction,
+                            " (fraction), expected 0 <= fraction <= 1");
+    }
+    // The number of tokens for a length `len` (not clamped to len).
+    std::int64_t resolve(std::int64_t len) const {
+        if (kind == BudgetKind::count) return count;
+        return static_cast<std::int64_t>(std::floor(fraction * static_cast<double>(len)));
+    }
+    friend bool operator==(const TokenBudget&, const TokenBudget&) = default;
+};
+
+// Which query heads share one score vector and one kept set.
+enum class BaselineGroups : std::uint8_t {
+    kv_head,  // one set per KV head, scores summed over its query heads (GQA-correct; default)
+    layer,    // one set per layer, scores summed over every query head
+};
+constexpr std::string_view to_string(BaselineGroups g) { return g == BaselineGroups::kv_head ? "kv_head" : "layer"; }
+
+// Which tokens random / fixed-ratio selection may drop.
+enum class BaselineScope : std::uint8_t {
+    visual,  // image and video tokens only; text always stays (default)
+    all,     // every token
+};
+constexpr std::string_view to_string(BaselineScope s) { return s == BaselineScope::visual ? "visual" : "all"; }
+
+// ---------------------------------------------------------------------------------------------------
+// H2O (heavy hitters + recent window).
+struct H2OParams {
+    TokenBudget heavy = TokenBudget::ratio(0.1);   // heavy hitters (paper: 10% + 10% = 20% cache)
+    TokenBudget recent = TokenBudget::ratio(0.1);  // most recent positions
+    BaselineGroups groups = BaselineGroups::kv_head;
+    bool evict_during_decode = true;  // keep the cache within heavy + recent at every decode step
+    float scale = 0.0f;               // softmax scale; 0 = 1/sqrt(d)
+    bool check_finite = true;         // fast path: reject NaN/Inf inputs (the reference always does)
+
+    AttentionOptions attention() const { return {scale, check_finite}; }
+    void validate(const char* fn) const {
+        heavy.validate(fn, "heavy");
+        recent.validate(fn, "recent");
+    }
+};
+
+// SnapKV (observation window + pooled window attention).
+enum class SnapKVPooling : std::uint8_t {
+    avg,   // 1-D average pooling, zero padding counted (F.avg_pool1d, the released default)
+    max,   // 1-D max pooling (F.max_pool1d)
+    none,  // no pooling (kernel ignored)
+};
+constexpr std::string_view to_string(SnapKVPooling p) {
+    return p == SnapKVPooling::avg ? "avg" : p == SnapKVPooling::max ? "max" : "none";
+}
+
+struct SnapKVParams {
+    std::int64_t window = 32;  // observation window: the last `window` queries, always kept; 1 <= window <= n
+    std::int64_t kernel = 5;   // pooling kernel (odd), stride 1, padding kernel / 2
+    SnapKVPooling pooling = SnapKVPooling::avg;
+    TokenBudget capacity = TokenBudget::tokens(2048);  // tokens kept in all, window included (released:
+                                                        // max_capacity_prompt); >= window; >= n keeps all
+    BaselineGroups groups = BaselineGroups::kv_head;
+    float scale = 0.0f;
+    bool check_finite = true;
+
+    AttentionOptions attention() const { return {scale, check_finite}; }
+    void validate(const char* fn) const {
+        detail::require(window >= 1, fn, "window = ", window, ", expected >= 1");
+        detail::require(kernel >= 1 && kernel % 2 == 1, fn, "kernel = ", kernel, ", expected an odd kernel >= 1");
+        capacity.validate(fn, "capacity");
+    }
+};
+
+// StreamingLLM (attention sinks + recent window).
+struct StreamingLLMParams {
+    std::int64_t sinks = 4;                           // first positions always kept
+    TokenBudget recent = TokenBudget::tokens(2000);   // last positions kept (released default 2000)
+    bool evict_during_decode = true;                  // roll the window during decode
+
+    void validate(const char* fn) const {
+        detail::require(sinks >= 0, fn, "sinks = ", sinks, ", expected >= 0");
+        recent.validate(fn, "recent");
+    }
+};
+
+// FastV (prune image tokens after layer K by the last token's attention).
+enum class FastVSpans : std::uint8_t {
+    joint,      // one ranking over every visual token (the released code's single image range)
+    per_image,  // each image / video segment keeps floor((1 - rate) * len) of its own tokens
+};
+constexpr std::string_view to_string(FastVSpans s) { return s == FastVSpans::joint ? "joint" : "per_image"; }
+
+struct FastVParams {
+    std::int64_t k_layer = 2;  // K: layers 0..K-1 see every token; layer K-1's attention ranks; 1 <= K < layers
+    double rate = 0.5;         // R: fraction of visual tokens dropped, 0 <= R < 1
+    FastVSpans spans = FastVSpans::joint;
+    float scale = 0.0f;
+    bool check_finite = true;
+
+    AttentionOptions attention() const { return {scale, check_finite}; }
+    void validate(const char* fn) const {
+        detail::require(k_layer >= 1, fn, "k_layer = ", k_layer, ", expected K >= 1 (layer K-1's attention ranks)");
+        detail::require(std::isfinite(rate) && rate >= 0.0 && rate < 1.0, fn, "rate = ", rate, ", expected 0 <= rate < 1");
+    }
+    // Throws unless K < layers (some layer runs on the pruned sequence).
+    void validate(const char* fn, std::int64_t layers) const {
+        validate(fn);
+        detail::require(k_layer < layers, fn, "k_layer = ", k_layer, " with ", layers,
+                        " layers, expected K < layers (layers K.. run on the pruned sequence)");
+    }
+};
+
+// Random selection.
+struct RandomParams {
+    TokenBudget keep = TokenBudget::ratio(0.5);  // of the scope tokens (fraction of their count)
+    BaselineScope scope = BaselineScope::visual;
+    std::uint64_t seed = 0;                      // layer l draws with SplitMix64(seed + l)
+
+    void validate(const char* fn) const { keep.validate(fn, "keep"); }
+};
+
+// Fixed-ratio selection.
+enum class FixedRatioMode : std::uint8_t {
+    uniform_stride,  // offsets floor(i * m / k), i = 0..k-1: evenly spread, the first token included
+    first,           // the first k scope tokens
+    last,            // the last k scope tokens
+};
+constexpr std::string_view to_string(FixedRatioMode m) {
+    return m == FixedRatioMode::uniform_stride ? "uniform_stride" : m == FixedRatioMode::first ? "first" : "last";
+}
+
+struct FixedRatioParams {
+    TokenBudget keep = TokenBudget::ratio(0.5);
+    BaselineScope scope = BaselineScope::visual;
+    FixedRatioMode mode = FixedRatioMode::uniform_stride;
+
+    void validate(const char* fn) const { keep.validate(fn, "keep"); }
+};
+
+// ---------------------------------------------------------------------------------------------------
+// Selection steps shared by both backends.
+namespace detail {
+
+// positions in `cand` (ascending) ranked by score_of: the top k (ties: lower position first), ascending.
+template <class F>
+std::vector<std::int64_t> top_of(std::span<const std::int64_t> cand, std::int64_t k, F&& score_of) {
+    k = std::clamp<std::int64_t>(k, 0, static_cast<std::int64_t>(cand.size()));
+    std::vector<double> s(cand.size());
+    for (std::size_t i = 0; i < cand.size(); ++i) s[i] = static_cast<double>(score_of(cand[i]));
+    std::vector<std::int64_t> out;
+    out.reserve(static_cast<std::size_t>(k));
+    for (auto i : topk_indices(std::span<const double>(s), k)) out.push_back(cand[static_cast<std::size_t>(i)]);
+    return out;
+}
+
+inline std::vector<std::int64_t> merge_sorted(std::span<const std::int64_t> a, std::span<const std::int64_t> b) {
+    std::vector<std::int64_t> r;
+    r.reserve(a.size() + b.size());
+    std::set_union(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(r));
+    return r;
+}
+
+// The scope tokens of a layout (ascending).
+inline std::vector<std::int64_t> scope_tokens(const Layout& layout, BaselineScope scope) {
+    std::vector<std::int64_t> r;
+    for (const auto& s : layout.segments())
+        if (scope == BaselineScope::all || s.is_visual())
+            for (std::int64_t p = s.start; p < s.end(); ++p) r.push_back(p);
+    return r;
+}
+
+// Keeps `chosen` of the scope tokens plus every token outside the scope: one shared list.
+inline TokenSelection keep_outside_scope(const Layout& layout, BaselineScope scope, std::vector<std::int64_t> chosen) {
+    TokenSelection r;
+    r.n = layout.n();
+    std::vector<std::int64_t> other;
+    if (scope == BaselineScope::visual)
+        for (const auto& s : layout.segments())
+            if (!s.is_visual())
+                for (std::int64_t p = s.start; p < s.end(); ++p) other.push_back(p);
+    r.indices.push_back(merge_sorted(chosen, other));
+    return r;
+}
+
+}  // namespace detail
+
+// H2O's kept set among `cached` (ascending positions): the last `recent` of them plus the `heavy`
+// others with the largest score_of(position) (ties: lower position first). Everything when
+// |cached| <= heavy + recent. Ascending.
+template <class F>
+std::vector<std::int64_t> h2o_keep(std::span<const std::int64_t> cached, std::int64_t heavy, std::int64_t recent,
+                                   F&& score_of) {
+    const auto m = static_cast<std::int64_t>(cached.size());
+    if (heavy + recent >= m) return {cached.begin(), cached.end()};
+    const auto older = cached.first(static_cast<std::size_t>(m - recent));
+    auto keep = detail::top_of(older, heavy, score_of);
+    keep.insert(keep.end(), cached.end() - recent, cached.end());
+    return keep;
+}
+
+// H2O's prefill selection from accumulated scores acc[g][j] (one vector of n per group).
+inline TokenSelection h2o_select_from_scores(std::vector<std::vector<double>> acc, const H2OParams& P) {
+    constexpr const char* fn = "h2o_select_from_scores";
+    P.validate(fn);
+    detail::require(!acc.empty(), fn, "no score groups, expected at least one");
+    const auto n = static_cast<std::int64_t>(acc[0].size());
+    detail::require(n > 0, fn, "scores are empty, expected n > 0");
+    std::vector<std::int64_t> all(static_cast<std::size_t>(n));
+    std::iota(all.begin(), all.end(), std::int64_t{0});
+    const std::int64_t heavy = P.heavy.resolve(n), recent = std::min(P.recent.resolve(n), n);
+    TokenSelection r;
+    r.n = n;
+    for (std::size_t g = 0; g < acc.size(); ++g) {
+        detail::require(static_cast<std::int64_t>(acc[g].size()) == n, fn, "score group ", g, " has ", acc[g].size(),
+                        " entries, expected ", n);
+        detail::check_scores_finite(std::span<const double>(acc[g]), fn);
+        const auto& a = acc[g];
+        r.indices.push_back(h2o_keep(all, heavy, recent, [&](std::int64_t p) { return a[static_cast<std::size_t>(p)]; }));
+    }
+    r.scores = std::move(acc);
+    return r;
+}
+
+// SnapKV's selection from pooled prefix scores pooled[g][j], j < n - window (one vector per group):
+// the window plus the top capacity - window prefix positions; everything when n <= capacity.
+// `scores` of the result: the pooled scores, 0 on the window.
+inline TokenSelection snapkv_select_from_pooled(std::vector<std::vector<double>> pooled, std::int64_t n,
+                                                const SnapKVParams& P) {
+    constexpr const char* fn = "snapkv_select_from_pooled";
+    P.validate(fn);
+    detail::require(P.window <= n, fn, "window = ", P.window, " is larger than the prompt (n = ", n,
+                    "), expected 1 <= window <= n");
+    const std::int64_t C = P.capacity.resolve(n), L = n - P.window;
+    detail::require(C >= P.window, fn, "capacity = ", C, " tokens is below window = ", P.window,
+                    ", expected capacity >= window (the window is always kept)");
+    std::vector<std::int64_t> prefix(static_cast<std::size_t>(L));
+    std::iota(prefix.begin(), prefix.end(), std::int64_t{0});
+    TokenSelection r;
+    r.n = n;
+    for (std::size_t g = 0; g < pooled.size(); ++g) {
+        auto& s = pooled[g];
+        detail::require(static_cast<std::int64_t>(s.size()) == L, fn, "pooled group ", g, " has ", s.size(),
+                        " entries, expected n - window = ", L);
+        detail::check_scores_finite(std::span<const double>(s), fn);
+        std::vector<std::int64_t> keep;
+        if (C >= n) {
+            keep = prefix;
+        } else {
+            keep = detail::top_of(prefix, C - P.window, [&](std::int64_t p) { return s[static_cast<std::size_t>(p)]; });
+        }
+        for (std::int64_t p = L; p < n; ++p) keep.push_back(p);
+        r.indices.push_back(std::move(keep));
+        s.resize(static_cast<std::size_t>(n), 0.0);
+    }
+    r.scores = std::move(pooled);
+    return r;
+}
+
+// StreamingLLM among `cached` (ascending positions): the first `sinks` and the last `recent`.
+inline std::vector<std::int64_t> streamingllm_keep(std::span<const std::int64_t> cached, std::int64_t sinks,
+                                                   std::int64_t recent) {
+    const auto m = static_cast<std::int64_t>(cached.size());
+    if (sinks + recent >= m) return {cached.begin(), cached.end()};
+    std::vector<std::int64_t> keep(cached.begin(), cached.begin() + sinks);
+    keep.insert(keep.end(), cached.end() - recent, cached.end());
+    return keep;
+}
+
+// StreamingLLM's prefill selection for n tokens (shared list).
+inline TokenSelection streamingllm_select(std::int64_t n, const StreamingLLMParams& P) {
+    constexpr const char* fn = "streamingllm_select";
+    P.validate(fn);
+    detail::require(n > 0, fn, "n = ", n, ", expected n > 0");
+    std::vector<std::int64_t> all(static_cast<std::size_t>(n));
+    std::iota(all.begin(), all.end(), std::int64_t{0});
+    TokenSelection r;
+    r.n = n;
+    r.indices.push_back(streamingllm_keep(all, P.sinks, std::min(P.recent.resolve(n), n)));
+    return r;
+}
+
+// FastV's kept sequence from the scores of every token (length layout.n()): every non-visual token
+// plus the top floor((1 - rate) * m) visual tokens (jointly, or per image). Shared list; scores kept.
+inline TokenSelection fastv_select_from_scores(std::vector<double> scores, const Layout& layout, const FastVParams& P) {
+    constexpr const char* fn = "fastv_select_from_scores";
+    P.validate(fn);
+    const std::int64_t n = layout.n();
+    detail::require(static_cast<std::int64_t>(scores.size()) == n, fn, "scores has ", scores.size(),
+                    " entries, expected the layout's n = ", n);
+    detail::check_scores_finite(std::span<const double>(scores), fn);
+    auto score_of = [&](std::int64_t p) { return scores[static_cast<std::size_t>(p)]; };
+    std::vector<std::int64_t> chosen;
+    if (P.spans == FastVSpans::joint) {
+        const auto vis = detail::scope_tokens(layout, BaselineScope::visual);
+        const auto m = static_cast<std::int64_t>(vis.size());
+        chosen = detail::top_of(vis, TokenBudget::ratio(1.0 - P.rate).resolve(m), score_of);
+    } else {
+        for (const auto& s : layout.segments()) {
+            if (!s.is_visual()) continue;
+            std::vector<std::int64_t> span(static_cast<std::size_t>(s.length));
+            std::iota(span.begin(), span.end(), s.start);
+            auto k = detail::top_of(span, TokenBudget::ratio(1.0 - P.rate).resolve(s.length), score_of);
+            chosen.insert(chosen.end(), k.begin(), k.end());
+        }
+    }
+    TokenSelection r = detail::keep_outside_scope(layout, BaselineScope::visual, std::move(chosen));
+    r.scores.push_back(std::move(scores));
+    return r;
+}
+
+// Random selection for layer `layer`: k = min(keep.resolve(m), m) of the m scope tokens, drawn by
+// sample_without_replacement(m, k, seed + layer); tokens outside the scope stay. Shared list.
+inline TokenSelection random_select(const Layout& layout, std::int64_t layer, const RandomParams& P) {
+    constexpr const char* fn = "random_select";
+    P.validate(fn);
+    detail::require(layout.n() > 0, fn, "empty layout, expected n > 0");
+    detail::require(layer >= 0, fn, "layer = ", layer, ", expected >= 0");
+    const auto cand = detail::scope_tokens(layout, P.scope);
+    const auto m = static_cast<std::int64_t>(cand.size());
+    const std::int64_t k = std::min(P.keep.resolve(m), m);
+    std::vector<std::int64_t> chosen;
+    for (auto i : sample_without_replacement(m, k, P.seed + static_cast<std::uint64_t>(layer)))
+        chosen.push_back(cand[static_cast<std::size_t>(i)]);
+    return detail::keep_outside_scope(layout, P.scope, std::move(chosen));
+}
+
+// Fixed-ratio selection: k = min(keep.resolve(m), m) of the m scope tokens at offsets floor(i * m / k)
+// (uniform stride), or the first / last k. Tokens outside the scope stay. Shared list.
+inline TokenSelection fixed_ratio_select(const Layout& layout, const FixedRatioParams& P) {
+    constexpr const char* fn = "fixed_ratio_select";
+    P.validate(fn);
+    detail::require(layout.n() > 0, fn, "empty layout, expected n > 0");
+    const auto cand = detail::scope_tokens(layout, P.scope);
+    const auto m = static_cast<std::int64_t>(cand.size());
+    const std::int64_t k = std::min(P.keep.resolve(m), m);
+    std::vector<std::int64_t> chosen;
+    for (std::int64_t i = 0; i < k; ++i) {
+        const std::int64_t off = P.mode == FixedRatioMode::uniform_stride ? i * m / k
+                                 : P.mode == FixedRatioMode::first        ? i
+                                                                          : m - k + i;
+        chosen.push_back(cand[static_cast<std::size_t>(off)]);
+    }
+    return detail::keep_outside_scope(layout, P.scope, std::move(chosen));
+}
+
+}  // namespace vlsparse

@@ -1,0 +1,56 @@
+// vlsparse/policies/purekv_policy.hpp -- PureKV as a Policy (policies/policy.hpp): the adapter an engine
+// loop or the simulator drives layer by layer.
+//
+//   begin(layout, shape):  a fresh simd::PureKVEstimator for the prompt (checks l0 < layers, the window
+//                          against n, the budget range, st_start_layer)
+//   prefill(layer):        observe(q, k) when the layer computes its own window scores (layers <= l0);
+//                          kv = window + top-h by Eq. 3 / Eq. 4 (per KV head by default);
+//                          mask = the ST-SpAttn block mask from st_start_layer on (video prompts), else
+//                          nullopt (causal dense); sparse_prefill = false (PureKV evicts after a full
+//                          or ST-masked prefill); no rows leave the sequence
+//   decode:                reads every cached position, never evicts (DecodeReadsAll)
+// PureKV scores every position of the prompt, so it needs all rows (positions 0..n-1) in every layer.
+// Include: <vlsparse/policies/purekv_policy.hpp> (or <vlsparse/vlsparse.hpp>).
+#pragma once
+
+#include <optional>
+#include <string_view>
+
+#include "vlsparse/policies/policy.hpp"
+#include "vlsparse/policies/purekv.hpp"
+
+namespace vlsparse {
+
+struct PureKVPolicy : DecodeReadsAll {
+    PureKVParams params;
+    PureKVPolicy() = default;
+    explicit PureKVPolicy(const PureKVParams& p) : params(p) {}
+
+    std::string_view name() const { return "purekv"; }
+    void begin(const Layout& layout, const ModelShape& shape) { est_.emplace(params, layout, shape); }
+    PrefillDecision prefill(const PrefillLayer& in) {
+        constexpr const char* fn = "PureKVPolicy::prefill";
+        const auto pos = detail::check_prefill_layer(in, fn);
+        detail::require(est_.has_value(), fn, "no prompt: call begin(layout, shape) first");
+        detail::require(in.shape == est_->shape() && *in.layout == est_->layout(), fn,
+                        "the layer's layout or model shape differs from the one given to begin()");
+        detail::require(detail::is_identity(pos) && static_cast<std::int64_t>(pos.size()) == in.layout->n(), fn,
+                        "PureKV needs every position of the prompt in every layer (", pos.size(), " of ",
+                        in.layout->n(), " rows present); it does not combine with policies that drop rows");
+        if (est_->needs_scores(in.layer)) est_->observe(in.layer, in.q, in.k);
+        PureKVSelection s = est_->select(in.layer, in.v);
+        PrefillDecision d;
+        d.kv = std::move(s.selection);
+        if (est_->masked(in.layer)) d.mask = *est_->block_mask();
+        return d;
+    }
+    // The prompt's estimator (after begin()), e.g. for scores and validation.
+    const simd::PureKVEstimator* estimator() const { return est_ ? &*est_ : nullptr; }
+
+private:
+    std::optional<simd::PureKVEstimator> est_;
+};
+
+static_assert(Policy<PureKVPolicy>);
+
+}  // namespace vlsparse
