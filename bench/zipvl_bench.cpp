@@ -61,6 +61,7 @@ int main(int argc, char** argv) {
         S.n_heads = H;
         S.n_kv_heads = Hkv;
         S.head_dim = d;
+        S.version = 1;  // the generator the figures in docs/performance.md were measured with
         const auto L = vlsparse::sim::synthetic_layer(layout, S, 3);
         const vlsparse::View3<const float> q(L.q.data(), {n, H, d}), k(L.k.data(), {n, Hkv, d}), v(L.v.data(), {n, Hkv, d});
         std::vector<float> out(static_cast<std::size_t>(n * H * d));

@@ -1,0 +1,214 @@
+// vlsparse/sim/cli.hpp -- command-line parsing for vlsparse-sim: options, usage texts, --set overrides.
+// Include: <vlsparse/sim/cli.hpp>
+#pragma once
+
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "vlsparse/core/error.hpp"
+
+namespace vlsparse::sim {
+
+// The arguments after the subcommand, consumed option by option.
+class Args {
+public:
+    Args(std::vector<std::string> a, std::string cmd) : a_(std::move(a)), cmd_(std::move(cmd)) {}
+
+    bool empty() const { return i_ >= a_.size(); }
+    const std::string& peek() const { return a_[i_]; }
+    std::string next() { return a_[i_++]; }
+    // True (and consumed) when the next argument is `name`.
+    bool flag(std::string_view name) {
+        if (!empty() && a_[i_] == name) {
+            ++i_;
+            return true;
+        }
+        return false;
+    }
+    // The value of `--name VALUE` or `--name=VALUE` when the next argument is that option.
+    std::optional<std::string> value(std::string_view name) {
+        if (empty()) return std::nullopt;
+        const std::string& s = a_[i_];
+        if (s == name) {
+            if (i_ + 1 >= a_.size()) fail(std::string(name) + " needs a value");
+            i_ += 2;
+            return a_[i_ - 1];
+        }
+        if (s.size() > name.size() && s.compare(0, name.size(), name) == 0 && s[name.size()] == '=') {
+            ++i_;
+            return s.substr(name.size() + 1);
+        }
+        return std::nullopt;
+    }
+    [[noreturn]] void fail(const std::string& msg) const {
+        throw ::vlsparse::error("vlsparse-sim " + cmd_, msg + " (see vlsparse-sim " + cmd_ + " --help)");
+    }
+    std::int64_t integer(const std::string& opt, const std::string& v, std::int64_t lo, std::int64_t hi) const {
+        char* end = nullptr;
+        const long long x = std::strtoll(v.c_str(), &end, 10);
+        if (v.empty() || *end || x < lo || x > hi)
+            fail(opt + ": '" + v + "' is not an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+        return x;
+    }
+    double number(const std::string& opt, const std::string& v) const {
+        char* end = nullptr;
+        const double x = std::strtod(v.c_str(), &end);
+        if (v.empty() || *end) fail(opt + ": '" + v + "' is not a number");
+        return x;
+    }
+
+private:
+    std::vector<std::string> a_;
+    std::string cmd_;
+    std::size_t i_ = 0;
+};
+
+// Applies "path=value" to a scenario's JSON before it is checked: path is dotted keys with [i]
+// indices ("model.layers", "policies[0].params.tau"); value is JSON when it parses as JSON, else a
+// string ("layout=text:10,image:64").
+inline void apply_set(nlohmann::json& j, const std::string& assignment) {
+    const auto eq = assignment.find('=');
+    if (eq == std::string::npos || eq == 0)
+        throw ::vlsparse::error("--set", "'" + assignment + "': expected path=value, e.g. model.layers=4");
+    const std::string path = assignment.substr(0, eq), text = assignment.substr(eq + 1);
+    nlohmann::json value;
+    try {
+        value = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception&) {
+        value = text;
+    }
+    nlohmann::json* cur = &j;
+    std::size_t p = 0;
+    while (p < path.size()) {
+        if (path[p] == '[') {
+            const auto close = path.find(']', p);
+            if (close == std::string::npos) throw ::vlsparse::error("--set", "'" + path + "': unclosed [");
+            const std::size_t idx = std::strtoul(path.substr(p + 1, close - p - 1).c_str(), nullptr, 10);
+            if (!cur->is_array() || idx >= cur->size())
+                throw ::vlsparse::error("--set", "'" + path + "': index " + std::to_string(idx) + " is not in the array");
+            cur = &(*cur)[idx];
+            p = close + 1;
+            if (p < path.size() && path[p] == '.') ++p;
+            continue;
+        }
+        std::size_t e = p;
+        while (e < path.size() && path[e] != '.' && path[e] != '[') ++e;
+        const std::string key = path.substr(p, e - p);
+        if (!cur->is_object() && !cur->is_null())
+            throw ::vlsparse::error("--set", "'" + path + "': '" + key + "' is not inside an object");
+        cur = &(*cur)[key];
+        p = e;
+        if (p < path.size() && path[p] == '.') ++p;
+    }
+    *cur = value;
+}
+
+inline const char* kTopUsage =
+    "usage: vlsparse-sim [COMMAND] [options]\n"
+    "\n"
+    "Runs visual-token sparsity policies (ZipVL, A-VL, BlindSight, the baselines) over a whole model's\n"
+    "attention on the CPU, layer by layer, prefill then decode, and reports what each keeps, what it\n"
+    "costs and how far its outputs drift from dense attention.\n"
+    "\n"
+    "commands:\n"
+    "  run [SCENARIO.json]        run a scenario (default: the built-in default) and write a report\n"
+    "  compare [SCENARIO.json]    sweep each policy's budget or threshold: fidelity against cost\n"
+    "  characterize [SCENARIO]    BlindSight calibration (Algorithms 1 + 2) over several prompts -> head map\n"
+    "  masks [SCENARIO | --layout SPEC]   the mask templates of a prompt as SVG pictures\n"
+    "  golden verify DIR          compare a port's outputs with the golden files\n"
+    "  policies                   list the policies and their parameters\n"
+    "\n"
+    "With no command, `run` on the built-in default scenario. `vlsparse-sim COMMAND --help` for the\n"
+    "options of each. Scenario files: sim/scenarios/; format and metrics: docs/simulator.md.\n";
+
+inline const char* kRunUsage =
+    "usage: vlsparse-sim run [SCENARIO.json] [options]\n"
+    "\n"
+    "Runs the scenario (default: the built-in default, the same as sim/scenarios/default.json): the dense\n"
+    "reference and every policy, prefill layer by layer then the decode steps. Prints a table and\n"
+    "writes an HTML report (and optionally JSON).\n"
+    "\n"
+    "options:\n"
+    "  --out DIR          folder of the reports (default: the current folder)\n"
+    "  --html FILE        the HTML report's path (default: DIR/sim-report.html)\n"
+    "  --no-html          no HTML report\n"
+    "  --json FILE        also write the JSON report\n"
+    "  --per-layer        print a table per policy, one row per layer\n"
+    "  --set PATH=VALUE   override a scenario key before it is checked, e.g. --set model.layers=4,\n"
+    "                     --set decode_steps=0, --set 'policies[0].params.tau=0.9' (repeatable)\n"
+    "  --quiet            no progress bar\n"
+    "  -h, --help         this text\n";
+
+inline const char* kCompareUsage =
+    "usage: vlsparse-sim compare [SCENARIO.json] [options]\n"
+    "\n"
+    "Runs every policy of the scenario once per value of its sweep (the policy entry's \"sweep\": {\"param\",\n"
+    "\"values\"}, or the policy's default sweep: ZipVL tau, A-VL rates, BlindSight templates, budgets of\n"
+    "the baselines) against one dense reference, and reports fidelity (NMSE, attention mass, tokens)\n"
+    "against cost (kept ratio, FLOPs, KV bytes).\n"
+    "\n"
+    "options:\n"
+    "  --out DIR          folder of the reports (default: the current folder)\n"
+    "  --html FILE        the HTML report's path (default: DIR/sim-compare.html)\n"
+    "  --no-html          no HTML report\n"
+    "  --json FILE        also write the JSON report\n"
+    "  --set PATH=VALUE   override a scenario key (see run --help)\n"
+    "  --quiet            no progress bar\n"
+    "  -h, --help         this text\n";
+
+inline const char* kCharacterizeUsage =
+    "usage: vlsparse-sim characterize [SCENARIO.json] [options]\n"
+    "\n"
+    "BlindSight calibration: for each of N prompts (the scenario's source with seeds seed, seed+1, ...;\n"
+    "a dump source is one prompt) and every layer, Algorithm 1 picks each head's template (the first of\n"
+    "Sink, Document, Document-Sink whose output NMSE against dense is below alpha, else Dense);\n"
+    "Algorithm 2 aggregates the choices into one template per (layer, head). Writes the head map as JSON\n"
+    "(io/blindsight_json.hpp), which a scenario uses as {\"name\": \"blindsight\", \"params\": {\"head_map\": FILE}}.\n"
+    "\n"
+    "options:\n"
+    "  --prompts N        prompts to calibrate on (default 4)\n"
+    "  --out FILE         the head map (default: blindsight-head-map.json)\n"
+    "  --svg FILE         also draw the head map as SVG\n"
+    "  --alpha A          Algorithm 1's NMSE threshold (default 0.1)\n"
+    "  --gamma-c G, --gamma-s G, --gamma-d G   Algorithm 2's thresholds (defaults 0.25, 0.6, 0.6)\n"
+    "  --sink-fraction F  sinks: the first ceil(F * len) tokens of each image (default 0.1)\n"
+    "  --set PATH=VALUE   override a scenario key (see run --help)\n"
+    "  --quiet            no progress bar\n"
+    "  -h, --help         this text\n";
+
+inline const char* kMasksUsage =
+    "usage: vlsparse-sim masks [SCENARIO.json | --layout SPEC] [options]\n"
+    "\n"
+    "Draws the BlindSight mask templates (Dense, Sink, Document, Document-Sink) of a prompt layout as SVG\n"
+    "files (masks/render.hpp): query rows x key columns, allowed pairs dark, images marked on the axes.\n"
+    "\n"
+    "options:\n"
+    "  --layout SPEC      the layout (Layout::parse syntax, e.g. text:20,image:64,text:4,image:64,text:8);\n"
+    "                     default: the scenario's (or the built-in default's)\n"
+    "  --template T       only this template (Dense, Sink, Document or Document-Sink)\n"
+    "  --out DIR          folder of the pictures (default: masks)\n"
+    "  --cell N           pixels per token (default: 2 up to 512 tokens, else 1)\n"
+    "  --sink-fraction F  sinks: the first ceil(F * len) tokens of each image (default 0.1)\n"
+    "  --head-map FILE    also draw this head map (from characterize)\n"
+    "  -h, --help         this text\n";
+
+inline const char* kGoldenUsage =
+    "usage: vlsparse-sim golden verify DIR [options]\n"
+    "\n"
+    "Compares a port's outputs with the golden files. DIR is laid out like golden/: one case folder\n"
+    "(its outputs as .npy files under the manifest's file names, optionally with manifest.json), an\n"
+    "algorithm folder of cases, or a tree <algorithm>/<case>/. Each output is compared under the metric\n"
+    "and tolerance of the golden manifest (exact / rel / abs / nmse); the report says PASS, or the first\n"
+    "difference (index, expected, got) and its size. Exit status 0 when everything passes, 1 otherwise.\n"
+    "\n"
+    "options:\n"
+    "  --golden DIR       the golden files (default: $VLSPARSE_GOLDEN_DIR, ./golden, or the source tree's)\n"
+    "  --json FILE        also write the result as JSON\n"
+    "  -h, --help         this text\n";
+
+}  // namespace vlsparse::sim

@@ -1,0 +1,433 @@
+// vlsparse/sim/commands.hpp -- the subcommands of vlsparse-sim: run, compare, characterize, masks,
+// golden verify, policies. main() is sim_main(argc, argv). Usage texts: sim/cli.hpp.
+// Include: <vlsparse/sim/commands.hpp>
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "vlsparse/core/config.hpp"
+#include "vlsparse/io/blindsight_json.hpp"
+#include "vlsparse/masks/flops.hpp"
+#include "vlsparse/masks/render.hpp"
+#include "vlsparse/policies/blindsight.hpp"
+#include "vlsparse/sim/cli.hpp"
+#include "vlsparse/sim/engine.hpp"
+#include "vlsparse/sim/golden_verify.hpp"
+#include "vlsparse/sim/report_html.hpp"
+#include "vlsparse/sim/report_json.hpp"
+#include "vlsparse/sim/report_text.hpp"
+#include "vlsparse/sim/scenario.hpp"
+
+namespace vlsparse::sim {
+
+namespace detail {
+
+// The scenario named on the command line (or the built-in default), with --set overrides applied.
+inline Scenario load_with_sets(const std::optional<std::string>& file, const std::vector<std::string>& sets) {
+    nlohmann::json j;
+    std::string name = "(built-in default)";
+    std::filesystem::path base;
+    if (file) {
+        std::ifstream f(*file);
+        if (!f) throw ::vlsparse::error("scenario", *file + ": cannot open (no such file?)");
+        std::stringstream ss;
+        ss << f.rdbuf();
+        try {
+            j = nlohmann::json::parse(ss.str());
+        } catch (const nlohmann::json::exception& e) {
+            throw ::vlsparse::error("scenario", *file + ": invalid JSON: " + e.what());
+        }
+        name = *file;
+        base = std::filesystem::path(*file).parent_path();
+    } else {
+        j = nlohmann::json::parse(default_scenario_text());
+    }
+    for (const auto& s : sets) apply_set(j, s);
+    return scenario_from_json(j, name, base);
+}
+
+struct ReportPaths {
+    std::filesystem::path out = ".";
+    std::optional<std::string> html, json;
+    bool no_html = false;
+    bool quiet = false;
+    bool per_layer = false;
+    std::vector<std::string> sets;
+    std::optional<std::string> scenario;
+};
+
+// Options shared by run and compare; returns false on --help.
+inline bool parse_report_args(Args& a, ReportPaths& o, const char* usage) {
+    while (!a.empty()) {
+        if (a.flag("-h") || a.flag("--help")) {
+            std::fputs(usage, stdout);
+            return false;
+        }
+        if (auto v = a.value("--out")) o.out = *v;
+        else if (auto v2 = a.value("--html")) o.html = *v2;
+        else if (auto v3 = a.value("--json")) o.json = *v3;
+        else if (auto v4 = a.value("--set")) o.sets.push_back(*v4);
+        else if (a.flag("--no-html")) o.no_html = true;
+        else if (a.flag("--quiet")) o.quiet = true;
+        else if (a.flag("--per-layer")) o.per_layer = true;
+        else if (!a.peek().empty() && a.peek()[0] == '-') a.fail("unknown option '" + a.peek() + "'");
+        else if (!o.scenario) o.scenario = a.next();
+        else a.fail("unexpected argument '" + a.peek() + "' (one scenario file at most)");
+    }
+    return true;
+}
+
+inline void write_reports(const std::string& command, const Scenario& s, const RunResult& r, const ReportPaths& o,
+                          const char* default_html) {
+    if (o.json) {
+        write_text_file(*o.json, report_json(command, s, r).dump(2) + "\n", "JSON report");
+        std::printf("JSON report: %s\n", o.json->c_str());
+    }
+    if (!o.no_html) {
+        const std::filesystem::path html = o.html ? std::filesystem::path(*o.html) : o.out / default_html;
+        write_text_file(html, report_html(command, s, r), "HTML report");
+        std::printf("HTML report: %s\n", std::filesystem::absolute(html).lexically_normal().string().c_str());
+    }
+}
+
+}  // namespace detail
+
+inline int cmd_run(Args& a) {
+    detail::ReportPaths o;
+    if (!detail::parse_report_args(a, o, kRunUsage)) return 0;
+    const Scenario s = detail::load_with_sets(o.scenario, o.sets);
+    print_header(stdout, "run", s, nullptr);
+    std::fflush(stdout);
+    Progress progress(!o.quiet);
+    EngineOptions eo;
+    eo.progress = &progress;
+    const RunResult r = run_scenario(s, eo);
+    print_source(stdout, r);
+    std::printf("\n");
+    print_run_table(stdout, s, r);
+    if (o.per_layer) print_layer_tables(stdout, s, r);
+    std::printf("\nwall time %.2f s (%d thread(s)); ratios are against the dense run (first row); docs/simulator.md "
+                "defines every column.\n",
+                r.wall_s, r.threads);
+    detail::write_reports("run", s, r, o, "sim-report.html");
+    return 0;
+}
+
+// The sweep runs of a scenario: every policy once per value of its sweep (or once, without one).
+inline std::vector<PolicyToRun> sweep_policies(const Scenario& s) {
+    std::vector<PolicyToRun> out;
+    const PolicyContext ctx{s.model, s.base_dir};
+    for (std::size_t i = 0; i < s.policies.size(); ++i) {
+        const auto& p = s.policies[i];
+        const JsonWhere w = JsonWhere{s.file, "policies"}.index(i);
+        const PolicyInfo& info = policy_info(p.name, w.key("name"));
+        std::string param = p.sweep_param;
+        std::vector<json> values = p.sweep_values;
+        if (values.empty()) {
+            param = info.sweep_param;
+            values = info.sweep_values;
+        }
+        if (values.empty()) {
+            out.push_back({p.label, p.name, effective_params(info, p.params), info.make(p.params, w.key("params"), ctx), p.label, ""});
+            continue;
+        }
+        for (std::size_t k = 0; k < values.size(); ++k) {
+            const json q = apply_sweep_value(p.params, param, values[k]);
+            const std::string vl = sweep_value_label(param, values[k]);
+            out.push_back({p.label + " " + vl, p.name, effective_params(info, q),
+                           info.make(q, w.key("sweep").key("values").index(k), ctx), p.label, vl});
+        }
+    }
+    return out;
+}
+
+inline int cmd_compare(Args& a) {
+    detail::ReportPaths o;
+    if (!detail::parse_report_args(a, o, kCompareUsage)) return 0;
+    const Scenario s = detail::load_with_sets(o.scenario, o.sets);
+    print_header(stdout, "compare", s, nullptr);
+    std::fflush(stdout);
+    Progress progress(!o.quiet);
+    EngineOptions eo;
+    eo.progress = &progress;
+    const RunResult r = run_engine(s, sweep_policies(s), eo);
+    print_source(stdout, r);
+    std::printf("\n");
+    print_sweep_table(stdout, s, r);
+    std::printf("\nwall time %.2f s (%d thread(s)); FLOPs = prefill + decode attention against dense.\n", r.wall_s,
+                r.threads);
+    detail::write_reports("compare", s, r, o, "sim-compare.html");
+    return 0;
+}
+
+inline int cmd_characterize(Args& a) {
+    std::optional<std::string> file, svg_out;
+    std::string out = "blindsight-head-map.json";
+    std::vector<std::string> sets;
+    std::int64_t prompts = 4;
+    BlindSightParams P;
+    bool quiet = false;
+    while (!a.empty()) {
+        if (a.flag("-h") || a.flag("--help")) {
+            std::fputs(kCharacterizeUsage, stdout);
+            return 0;
+        }
+        if (auto v = a.value("--prompts")) prompts = a.integer("--prompts", *v, 1, 10000);
+        else if (auto v1 = a.value("--out")) out = *v1;
+        else if (auto v2 = a.value("--svg")) svg_out = *v2;
+        else if (auto v3 = a.value("--alpha")) P.alpha = a.number("--alpha", *v3);
+        else if (auto v4 = a.value("--gamma-c")) P.gamma_c = a.number("--gamma-c", *v4);
+        else if (auto v5 = a.value("--gamma-s")) P.gamma_s = a.number("--gamma-s", *v5);
+        else if (auto v6 = a.value("--gamma-d")) P.gamma_d = a.number("--gamma-d", *v6);
+        else if (auto v7 = a.value("--sink-fraction")) P.mask.sink_fraction = a.number("--sink-fraction", *v7);
+        else if (auto v8 = a.value("--set")) sets.push_back(*v8);
+        else if (a.flag("--quiet")) quiet = true;
+        else if (!a.peek().empty() && a.peek()[0] == '-') a.fail("unknown option '" + a.peek() + "'");
+        else if (!file) file = a.next();
+        else a.fail("unexpected argument '" + a.peek() + "'");
+    }
+    check_blindsight_params(P, "vlsparse-sim characterize");
+    Scenario s = detail::load_with_sets(file, sets);
+    if (s.source.kind == SourceKind::residual)
+        a.fail("characterize needs a synthetic or dump source (a residual model's Q/K/V depend on the policy)");
+    if (s.source.kind == SourceKind::dump && prompts > 1) {
+        std::printf("note: a dump source is one prompt; calibrating on it alone\n");
+        prompts = 1;
+    }
+    const std::int64_t L = s.model.layers, H = s.model.heads, n = s.n();
+    std::vector<TemplateCounts> counts(static_cast<std::size_t>(L * H));
+    Progress progress(!quiet);
+    progress.start(static_cast<double>(prompts * L));
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::int64_t pi = 0; pi < prompts; ++pi) {
+        Scenario sp = s;
+        sp.seed = s.seed + static_cast<std::uint64_t>(pi);
+        sp.decode_steps = 0;
+        auto src = make_plain_source(sp);
+        for (std::int64_t l = 0; l < L; ++l) {
+            const LayerQKV x = src->layer(l);
+            const View3<const float> q(x.q.data(), {n, H, s.model.head_dim}),
+                k(x.k.data(), {n, s.model.kv_heads, s.model.head_dim}), v(x.v.data(), {n, s.model.kv_heads, s.model.head_dim});
+            const auto ch = simd::characterize_prompt(q, k, v, s.layout, P);
+            for (std::int64_t h = 0; h < H; ++h) counts[static_cast<std::size_t>(l * H + h)].add(ch[static_cast<std::size_t>(h)].chosen);
+            progress.advance(1.0, "prompt " + std::to_string(pi + 1) + "/" + std::to_string(prompts) + ", layer " +
+                                      std::to_string(l + 1) + "/" + std::to_string(L));
+        }
+    }
+    progress.finish();
+    HeadMap map;
+    map.layers = L;
+    map.heads = H;
+    map.kv_heads = s.model.kv_heads;
+    map.head_dim = s.model.head_dim;
+    map.prompts = prompts;
+    map.params = P;
+    map.map = aggregate(counts, P);
+    save_head_map(map, out);
+
+    print_header(stdout, "characterize", s, nullptr);
+    std::printf("  prompts  %lld (seeds %llu..%llu); alpha %.3g, gamma_c %.3g, gamma_s %.3g, gamma_d %.3g\n\n",
+                static_cast<long long>(prompts), static_cast<unsigned long long>(s.seed),
+                static_cast<unsigned long long>(s.seed + static_cast<std::uint64_t>(prompts - 1)), P.alpha, P.gamma_c,
+                P.gamma_s, P.gamma_d);
+    text::Table t({"layer", "Dense", "Sink", "Document", "Document-Sink", "templates (head 0..H-1)"});
+    for (std::int64_t l = 0; l < L; ++l) {
+        int c[4] = {0, 0, 0, 0};
+        std::string row;
+        for (auto tpl : map.layer(l)) {
+            ++c[static_cast<int>(tpl)];
+            row += "DSOX"[static_cast<int>(tpl)];
+        }
+        t.row({std::to_string(l), std::to_string(c[0]), std::to_string(c[1]), std::to_string(c[2]), std::to_string(c[3]), row});
+    }
+    t.print(stdout, "  ");
+    std::printf("  (D = Dense, S = Sink, O = Document, X = Document-Sink)\n");
+    const TemplateValues shares = template_shares(map.map);
+    bool visual = false;
+    for (const auto& seg : s.layout.segments()) visual |= seg.is_visual();
+    if (visual) {
+        const TemplateValues red = flops_reduction_exact(make_mask_context(s.layout, P.mask));
+        std::printf("\nheads: %.1f%% Dense, %.1f%% Sink, %.1f%% Document, %.1f%% Document-Sink; attention FLOPs saved on "
+                    "this prompt (exact pair counts): %.1f%%\n",
+                    100 * shares[MaskTemplate::dense], 100 * shares[MaskTemplate::sink], 100 * shares[MaskTemplate::document],
+                    100 * shares[MaskTemplate::document_sink], 100 * model_flops_reduction(shares, red));
+    }
+    std::printf("calibration time %.2f s\nhead map: %s\n",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                std::filesystem::absolute(out).lexically_normal().string().c_str());
+    if (svg_out) {
+        write_text_file(*svg_out, head_map_svg(map), "head map picture");
+        std::printf("head map picture: %s\n", svg_out->c_str());
+    }
+    return 0;
+}
+
+inline int cmd_masks(Args& a) {
+    std::optional<std::string> file, layout_spec, only, head_map;
+    std::string out = "masks";
+    int cell = 0;
+    MaskOptions mo;
+    while (!a.empty()) {
+        if (a.flag("-h") || a.flag("--help")) {
+            std::fputs(kMasksUsage, stdout);
+            return 0;
+        }
+        if (auto v = a.value("--layout")) layout_spec = *v;
+        else if (auto v1 = a.value("--template")) only = *v1;
+        else if (auto v2 = a.value("--out")) out = *v2;
+        else if (auto v3 = a.value("--cell")) cell = static_cast<int>(a.integer("--cell", *v3, 1, 64));
+        else if (auto v4 = a.value("--sink-fraction")) mo.sink_fraction = a.number("--sink-fraction", *v4);
+        else if (auto v5 = a.value("--head-map")) head_map = *v5;
+        else if (!a.peek().empty() && a.peek()[0] == '-') a.fail("unknown option '" + a.peek() + "'");
+        else if (!file) file = a.next();
+        else a.fail("unexpected argument '" + a.peek() + "'");
+    }
+    if (file && layout_spec) a.fail("give a scenario or --layout, not both");
+    Scenario s;
+    Layout layout;
+    if (layout_spec) {
+        layout = Layout::parse(*layout_spec);
+    } else {
+        s = detail::load_with_sets(file, {});
+        layout = s.layout;
+    }
+    const MaskContext ctx = make_mask_context(layout, mo);
+    if (cell == 0) cell = layout.n() <= 512 ? 2 : 1;
+    std::vector<MaskTemplate> ts(std::begin(kAllTemplates), std::end(kAllTemplates));
+    if (only) ts = {mask_template_from_string(*only, "vlsparse-sim masks")};
+    std::error_code ec;
+    std::filesystem::create_directories(out, ec);
+    std::printf("masks of %s (n = %lld, %lld images)\n", layout.to_string().c_str(), static_cast<long long>(layout.n()),
+                static_cast<long long>(ctx.images()));
+    const TemplateValues red = flops_reduction_exact(ctx);
+    for (MaskTemplate t : ts) {
+        std::string name(to_string(t));
+        for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        const auto path = std::filesystem::path(out) / ("mask-" + name + ".svg");
+        write_text_file(path, mask_svg(ctx, t, cell), "mask picture");
+        std::printf("  %-14s %5.1f%% of the dense pairs skipped -> %s\n", std::string(to_string(t)).c_str(), 100 * red[t],
+                    path.string().c_str());
+    }
+    if (head_map) {
+        std::ifstream f(*head_map);
+        if (!f) a.fail("--head-map: cannot open '" + *head_map + "'");
+        nlohmann::json j;
+        try {
+            f >> j;
+        } catch (const std::exception& e) {
+            a.fail("--head-map: '" + *head_map + "' is not valid JSON: " + e.what());
+        }
+        const HeadMap m = head_map_from_json(j);
+        const auto path = std::filesystem::path(out) / "head-map.svg";
+        write_text_file(path, head_map_svg(m), "head map picture");
+        std::printf("  head map       -> %s\n", path.string().c_str());
+    }
+    return 0;
+}
+
+inline std::filesystem::path default_golden_dir() {
+    if (const char* e = std::getenv("VLSPARSE_GOLDEN_DIR"); e && *e) return e;
+    if (std::filesystem::is_directory("golden")) return "golden";
+#ifdef VLSPARSE_SOURCE_DIR
+    return std::filesystem::path(VLSPARSE_SOURCE_DIR) / "golden";
+#else
+    return "golden";
+#endif
+}
+
+inline int cmd_golden(Args& a) {
+    if (a.empty() || a.flag("-h") || a.flag("--help")) {
+        std::fputs(kGoldenUsage, stdout);
+        return a.empty() ? 0 : 0;
+    }
+    if (!a.flag("verify")) a.fail("unknown golden command '" + a.peek() + "', expected: golden verify DIR");
+    std::optional<std::string> dir, json_out;
+    std::filesystem::path golden = default_golden_dir();
+    while (!a.empty()) {
+        if (a.flag("-h") || a.flag("--help")) {
+            std::fputs(kGoldenUsage, stdout);
+            return 0;
+        }
+        if (auto v = a.value("--golden")) golden = *v;
+        else if (auto v1 = a.value("--json")) json_out = *v1;
+        else if (!a.peek().empty() && a.peek()[0] == '-') a.fail("unknown option '" + a.peek() + "'");
+        else if (!dir) dir = a.next();
+        else a.fail("unexpected argument '" + a.peek() + "'");
+    }
+    if (!dir) a.fail("missing DIR: the folder of the port's outputs");
+    const GoldenVerifyResult r = golden_verify(*dir, golden);
+    print_golden_verify(stdout, r);
+    if (json_out) write_text_file(*json_out, to_json(r).dump(2) + "\n", "JSON result");
+    return r.pass() ? 0 : 1;
+}
+
+inline int cmd_policies(Args& a) {
+    if (a.flag("-h") || a.flag("--help")) {
+        std::puts("usage: vlsparse-sim policies\n\nLists every policy a scenario can name, its parameters with their "
+                  "defaults, and the sweep `compare` runs by default.");
+        return 0;
+    }
+    if (!a.empty()) a.fail("unexpected argument '" + a.peek() + "'");
+    for (const auto& p : policy_registry()) {
+        std::printf("%s\n  %s\n  params: %s\n", p.name.c_str(), p.summary.c_str(), p.defaults.dump().c_str());
+        if (!p.extra_keys.empty()) {
+            std::string k;
+            for (const auto& e : p.extra_keys) k += (k.empty() ? "" : ", ") + e;
+            std::printf("  also:   %s\n", k.c_str());
+        }
+        if (!p.sweep_values.empty()) {
+            std::string v;
+            for (const auto& x : p.sweep_values) v += (v.empty() ? "" : "; ") + sweep_value_label(p.sweep_param, x);
+            std::printf("  sweep:  %s\n", v.c_str());
+        }
+        std::printf("\n");
+    }
+    return 0;
+}
+
+// The program: exit status 0 (success), 1 (golden verify found differences), 2 (bad input or error).
+inline int sim_main(int argc, char** argv) {
+    std::vector<std::string> args(argv + 1, argv + argc);
+    std::string cmd = "run";
+    if (!args.empty() && (args[0] == "-h" || args[0] == "--help")) {
+        std::fputs(kTopUsage, stdout);
+        return 0;
+    }
+    if (!args.empty() && args[0] == "--version") {
+        std::printf("vlsparse-sim %s\n", VLSPARSE_VERSION_STRING);
+        return 0;
+    }
+    if (!args.empty() && !args[0].empty() && args[0][0] != '-') {
+        const std::string& c = args[0];
+        if (c == "run" || c == "compare" || c == "characterize" || c == "masks" || c == "golden" || c == "policies") {
+            cmd = c;
+            args.erase(args.begin());
+        } else if (!(c.size() > 5 && c.compare(c.size() - 5, 5, ".json") == 0)) {
+            std::fprintf(stderr, "vlsparse-sim: unknown command '%s' (see vlsparse-sim --help)\n", c.c_str());
+            return 2;
+        }
+    }
+    try {
+        Args a(args, cmd);
+        if (cmd == "run") return cmd_run(a);
+        if (cmd == "compare") return cmd_compare(a);
+        if (cmd == "characterize") return cmd_characterize(a);
+        if (cmd == "masks") return cmd_masks(a);
+        if (cmd == "golden") return cmd_golden(a);
+        return cmd_policies(a);
+    } catch (const std::exception& e) {
+        std::fflush(stdout);
+        std::fprintf(stderr, "vlsparse-sim: error: %s\n", e.what());
+        return 2;
+    }
+}
+
+}  // namespace vlsparse::sim

@@ -1,0 +1,649 @@
+// vlsparse/sim/engine.hpp -- the simulator's engine: a scenario's prefill layer by layer, then its
+// decode steps, for the dense reference and every policy, all driven through AnyPolicy.
+//
+// Per layer l and run (the dense reference first, then each policy):
+//   d = policy.prefill({layout, shape, l, q, k, v, positions})       positions = the run's sequence
+//   prefill attention:  d.mask -> simd::masked_attention;  d.sparse_prefill -> simd::sparse_attention over
+//                       d.kv (rows outside per d.unselected);  else simd::dense_attention (causal)
+//   cache:              the layer's K/V at their positions, then cache.keep(d.kv)
+//   sequence:           d.sequence non-empty -> only those positions stay for the layers after l
+// Decode step t of layer l: append the token's K/V; read = policy.decode_read(l, t, cached);
+//   simd::indexed_decode_attention over `read` (with probabilities); policy.decode_observe(l, t, read,
+//   head-mean attention) may return positions to keep (eviction).
+// Plain sources (synthetic, dump): each layer runs its prefill and then its decode steps, all runs side
+// by side, so only one layer's caches are alive. Residual source: every run keeps its own hidden state
+// and all its caches; prefill layer by layer, then decode step by step through all layers, every run
+// fed the dense run's LM-head token (teacher forcing). Metrics: sim/metrics.hpp.
+// Include: <vlsparse/sim/engine.hpp>
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include <nlohmann/json.hpp>
+
+#include "vlsparse/attention/dense.hpp"
+#include "vlsparse/attention/indexed_decode.hpp"
+#include "vlsparse/attention/masked.hpp"
+#include "vlsparse/attention/probe.hpp"
+#include "vlsparse/attention/sparse.hpp"
+#include "vlsparse/kv/kv_cache.hpp"
+#include "vlsparse/masks/flops.hpp"
+#include "vlsparse/policies/policy.hpp"
+#include "vlsparse/sim/layer_source.hpp"
+#include "vlsparse/sim/metrics.hpp"
+#include "vlsparse/sim/policies.hpp"
+#include "vlsparse/sim/progress.hpp"
+#include "vlsparse/sim/scenario.hpp"
+
+namespace vlsparse::sim {
+
+// One policy to run: its label, registry name, effective params and the policy itself.
+struct PolicyToRun {
+    std::string label, name;
+    json params = json::object();
+    AnyPolicy policy;
+    std::string sweep_of, sweep_value;  // compare: the swept policy's label and the value's text
+};
+
+struct EngineOptions {
+    Progress* progress = nullptr;
+    std::int64_t bins = 256;         // position bins of the kept-token pictures
+    bool keep_final_hidden = false;  // residual mode: keep the final hidden states (tests)
+};
+
+struct RunResult {
+    std::vector<PolicyResult> runs;  // runs[0] is the dense reference
+    double wall_s = 0.0;
+    int threads = 1;
+    bool residual = false;
+    std::int64_t hidden_size = 0;
+    std::string source;
+};
+
+// The scenario's policies, made through the registry (labels, effective params).
+inline std::vector<PolicyToRun> instantiate_policies(const Scenario& s) {
+    std::vector<PolicyToRun> out;
+    const PolicyContext ctx{s.model, s.base_dir};
+    for (std::size_t i = 0; i < s.policies.size(); ++i) {
+        const auto& p = s.policies[i];
+        const JsonWhere w = JsonWhere{s.file, "policies"}.index(i);
+        const PolicyInfo& info = policy_info(p.name, w.key("name"));
+        out.push_back({p.label, p.name, effective_params(info, p.params), info.make(p.params, w.key("params"), ctx), "", ""});
+    }
+    return out;
+}
+
+namespace detail {
+
+using clock = std::chrono::steady_clock;
+inline double since(clock::time_point t0) { return std::chrono::duration<double>(clock::now() - t0).count(); }
+
+// What the other runs are measured against, from the dense reference run.
+struct RefLayer {
+    std::vector<float> prefill_out;                // [n, H, d], rows by position
+    std::vector<std::vector<double>> last_mass;    // [H_kv][n]: sum over the group's heads of P(n-1, h, j)
+    std::vector<float> decode_out;                 // [H, d] of the current step
+    std::vector<std::vector<double>> decode_mass;  // [H_kv][positions]: same for the current decode token
+};
+
+struct Run {
+    PolicyToRun p;
+    PolicyResult res;
+    std::vector<std::int64_t> seq;       // the positions in the sequence
+    std::vector<KvCache<float>> caches;  // plain: one (the current layer), residual: one per layer
+    std::vector<float> hidden;           // residual: [seq, D]
+    std::vector<float> x;                // residual: the decode token's hidden state [D]
+    std::vector<float> out;              // the last attention output
+    std::vector<float> final_rows;       // residual: final hidden states [S + 1, D]
+    std::int64_t last_token = -1;
+};
+
+[[noreturn]] inline void policy_fail(const Run& r, std::int64_t layer, const std::string& what) {
+    throw ::vlsparse::error("vlsparse-sim", "policy '" + r.p.label + "' (" + r.p.name + "), layer " +
+                                                std::to_string(layer) + ": " + what);
+}
+
+inline bool contains_sorted(std::span<const std::int64_t> v, std::int64_t x) {
+    return std::binary_search(v.begin(), v.end(), x);
+}
+
+// The cache's positions as a selection (shared when every KV head holds the same positions).
+inline TokenSelection cache_selection(const KvCache<float>& c) {
+    TokenSelection s;
+    s.n = c.seq_len();
+    const std::int64_t G = c.n_kv_heads();
+    bool same = true;
+    for (std::int64_t g = 1; g < G && same; ++g) {
+        const auto a = c.positions(0), b = c.positions(g);
+        same = a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
+    }
+    for (std::int64_t g = 0; g < (same ? 1 : G); ++g) {
+        const auto p = c.positions(g);
+        s.indices.emplace_back(p.begin(), p.end());
+    }
+    return s;
+}
+
+// Fills `cache` with m rows of K/V at positions `seq` (of a prompt of n tokens).
+inline void fill_cache(KvCache<float>& cache, const float* k, const float* v, std::span<const std::int64_t> seq,
+                       std::int64_t n, std::int64_t Hkv, std::int64_t d) {
+    const auto m = static_cast<std::int64_t>(seq.size());
+    if (m == n) {
+        cache.assign(View3<const float>(k, {n, Hkv, d}), View3<const float>(v, {n, Hkv, d}));
+        return;
+    }
+    std::vector<float> kf(static_cast<std::size_t>(n * Hkv * d), 0.0f), vf(kf.size(), 0.0f);
+    for (std::int64_t i = 0; i < m; ++i) {
+        const auto dst = static_cast<std::size_t>(seq[static_cast<std::size_t>(i)] * Hkv * d);
+        std::copy_n(k + i * Hkv * d, Hkv * d, kf.data() + dst);
+        std::copy_n(v + i * Hkv * d, Hkv * d, vf.data() + dst);
+    }
+    cache.assign(View3<const float>(kf.data(), {n, Hkv, d}), View3<const float>(vf.data(), {n, Hkv, d}));
+    TokenSelection keep;
+    keep.n = n;
+    keep.indices.emplace_back(seq.begin(), seq.end());
+    cache.keep(keep);
+}
+
+// Kept share per position bin, over KV heads.
+inline std::vector<float> kept_bins(const KvCache<float>& c, std::int64_t n, std::int64_t bins) {
+    const std::int64_t B = std::max<std::int64_t>(1, std::min(bins, n));
+    std::vector<double> cnt(static_cast<std::size_t>(B), 0.0);
+    for (std::int64_t g = 0; g < c.n_kv_heads(); ++g)
+        for (auto p : c.positions(g))
+            if (p < n) cnt[static_cast<std::size_t>(p * B / n)] += 1.0;
+    std::vector<float> r(static_cast<std::size_t>(B));
+    for (std::int64_t b = 0; b < B; ++b) {
+        const std::int64_t lo = (b * n + B - 1) / B, hi = ((b + 1) * n + B - 1) / B;  // positions p with p*B/n == b
+        const double size = static_cast<double>(std::max<std::int64_t>(hi - lo, 1)) * static_cast<double>(c.n_kv_heads());
+        r[static_cast<std::size_t>(b)] = static_cast<float>(cnt[static_cast<std::size_t>(b)] / size);
+    }
+    return r;
+}
+
+// One run's prefill of layer l over its sequence rows q [m, H, d], k, v [m, H_kv, d]. Writes r.out
+// [m, H, d], fills `cache`, records the layer's metrics (against `ref` unless null), and returns the
+// row indices that stay in the sequence (empty: all).
+inline std::vector<std::int64_t> prefill_step(Run& r, const Scenario& s, std::int64_t l, const float* q, const float* k,
+                                              const float* v, KvCache<float>& cache, const RefLayer* ref,
+                                              std::int64_t bins) {
+    const std::int64_t n = s.n(), H = s.model.heads, Hkv = s.model.kv_heads, d = s.model.head_dim, grp = H / Hkv;
+    const auto m = static_cast<std::int64_t>(r.seq.size());
+    LayerMetrics& M = r.res.layers[static_cast<std::size_t>(l)];
+    M.layer = l;
+    M.rows = m;
+    const View3<const float> qv(q, {m, H, d}), kv(k, {m, Hkv, d}), vv(v, {m, Hkv, d});
+    const PrefillLayer in{&s.layout, s.model, l, qv, kv, vv, std::span<const std::int64_t>(r.seq)};
+
+    auto t0 = clock::now();
+    PrefillDecision dec;
+    try {
+        dec = r.p.policy.prefill(in);
+    } catch (const ::vlsparse::error& e) {
+        policy_fail(r, l, e.what());
+    }
+    M.decide_s += since(t0);
+
+    // Check the decision against the sequence.
+    try {
+        if (dec.kv.n != n)
+            throw ::vlsparse::error("PrefillDecision", "kv.n = " + std::to_string(dec.kv.n) +
+                                                           ", expected the prompt length " + std::to_string(n));
+        dec.kv.validate(Hkv, "PrefillDecision::kv");
+        for (const auto& list : dec.kv.indices)
+            for (auto p : list)
+                if (!contains_sorted(r.seq, p))
+                    throw ::vlsparse::error("PrefillDecision", "kv keeps position " + std::to_string(p) +
+                                                                   ", which is not in the layer's sequence");
+        ::vlsparse::detail::check_sorted_unique(dec.sequence, n, "PrefillDecision", "sequence");
+        for (auto p : dec.sequence)
+            if (!contains_sorted(r.seq, p))
+                throw ::vlsparse::error("PrefillDecision", "sequence holds position " + std::to_string(p) +
+                                                               ", which already left the sequence");
+        if (dec.mask && dec.sparse_prefill)
+            throw ::vlsparse::error("PrefillDecision", "both a mask and sparse_prefill are set; expected one of them");
+    } catch (const ::vlsparse::error& e) {
+        policy_fail(r, l, e.what());
+    }
+
+    // The prefill attention.
+    r.out.assign(static_cast<std::size_t>(m * H * d), 0.0f);
+    const View3<float> ov(r.out.data(), {m, H, d});
+    std::vector<std::vector<std::uint8_t>> computed;  // per KV group: rows with outputs (empty: all rows)
+    t0 = clock::now();
+    try {
+        if (dec.mask) {
+            M.prefill_kind = "masked";
+            simd::masked_attention(qv, kv, vv, *dec.mask, ov);
+            M.attention_s += since(t0);
+            double pairs[4] = {-1, -1, -1, -1};
+            double total = 0.0;
+            for (const auto t : dec.mask->head_template) {
+                auto& pp = pairs[static_cast<std::size_t>(t)];
+                if (pp < 0) pp = static_cast<double>(count_allowed_pairs(dec.mask->context, t));
+                total += pp;
+            }
+            M.prefill_pairs = total;
+        } else if (dec.sparse_prefill) {
+            M.prefill_kind = "token-sparse";
+            TokenSelection rows;  // kv as row indices of the sequence
+            rows.n = m;
+            for (const auto& list : dec.kv.indices) {
+                std::vector<std::int64_t> rl;
+                rl.reserve(list.size());
+                for (auto p : list)
+                    rl.push_back(std::lower_bound(r.seq.begin(), r.seq.end(), p) - r.seq.begin());
+                rows.indices.push_back(std::move(rl));
+            }
+            simd::sparse_attention(qv, kv, vv, rows, ov, dec.unselected);
+            M.attention_s += since(t0);
+            double pairs = 0.0;
+            for (std::int64_t h = 0; h < H; ++h) {
+                const auto T = rows.for_kv_head(h / grp);
+                const auto t = static_cast<double>(T.size());
+                if (dec.unselected == UnselectedRows::zero) {
+                    pairs += t * (t + 1.0) / 2.0;
+                } else {
+                    for (auto j : T) pairs += static_cast<double>(m - j);
+                }
+            }
+            M.prefill_pairs = pairs;
+            if (dec.unselected == UnselectedRows::zero) {
+                computed.assign(static_cast<std::size_t>(Hkv), std::vector<std::uint8_t>(static_cast<std::size_t>(m), 0));
+                for (std::int64_t g = 0; g < Hkv; ++g)
+                    for (auto j : rows.for_kv_head(g)) computed[static_cast<std::size_t>(g)][static_cast<std::size_t>(j)] = 1;
+            }
+        } else {
+            M.prefill_kind = "dense";
+            simd::dense_attention(qv, kv, vv, ov);
+            M.attention_s += since(t0);
+            M.prefill_pairs = static_cast<double>(H) * static_cast<double>(m) * static_cast<double>(m + 1) / 2.0;
+        }
+    } catch (const ::vlsparse::error& e) {
+        policy_fail(r, l, e.what());
+    }
+    M.dense_prefill_pairs = static_cast<double>(H) * static_cast<double>(n) * static_cast<double>(n + 1) / 2.0;
+
+    // The cache: the rows at their positions, then the policy's kept set.
+    t0 = clock::now();
+    fill_cache(cache, k, v, r.seq, n, Hkv, d);
+    try {
+        cache.keep(dec.kv);
+    } catch (const ::vlsparse::error& e) {
+        policy_fail(r, l, e.what());
+    }
+    M.other_s += since(t0);
+    double rows_kept = 0.0;
+    for (std::int64_t g = 0; g < Hkv; ++g) rows_kept += static_cast<double>(cache.rows(g));
+    M.kept_ratio = rows_kept / (static_cast<double>(Hkv) * static_cast<double>(n));
+    M.kv_bytes_prefill = static_cast<double>(cache.kv_bytes());
+    M.dense_kv_bytes_prefill = static_cast<double>(n * Hkv * d * 2) * sizeof(float);
+    M.kept_bins = kept_bins(cache, n, bins);
+
+    if (ref) {
+        for (std::int64_t i = 0; i < m; ++i) {
+            const std::int64_t pos = r.seq[static_cast<std::size_t>(i)];
+            for (std::int64_t h = 0; h < H; ++h) {
+                if (!computed.empty() && !computed[static_cast<std::size_t>(h / grp)][static_cast<std::size_t>(i)]) continue;
+                const float* a = r.out.data() + (i * H + h) * d;
+                const float* b = ref->prefill_out.data() + (pos * H + h) * d;
+                for (std::int64_t c = 0; c < d; ++c) M.prefill_err.add(a[c], b[c]);
+            }
+        }
+        double mass = 0.0;
+        for (std::int64_t g = 0; g < Hkv; ++g)
+            for (auto p : cache.positions(g)) mass += ref->last_mass[static_cast<std::size_t>(g)][static_cast<std::size_t>(p)];
+        M.mass_prefill = mass / static_cast<double>(H);
+    }
+
+    std::vector<std::int64_t> keep_rows;
+    if (!dec.sequence.empty()) {
+        for (auto p : dec.sequence) keep_rows.push_back(std::lower_bound(r.seq.begin(), r.seq.end(), p) - r.seq.begin());
+        r.seq = dec.sequence;
+    }
+    return keep_rows;
+}
+
+// The dense reference's probabilities of the last prompt row, summed over each KV group's heads.
+inline std::vector<std::vector<double>> last_row_mass(const Scenario& s, const float* q, const float* k) {
+    const std::int64_t n = s.n(), H = s.model.heads, Hkv = s.model.kv_heads, d = s.model.head_dim, grp = H / Hkv;
+    std::vector<float> probs(static_cast<std::size_t>(H * n));
+    const std::int64_t rows[1] = {n - 1};
+    simd::probe_attention(View3<const float>(q, {n, H, d}), View3<const float>(k, {n, Hkv, d}),
+                          std::span<const std::int64_t>(rows), View3<float>(probs.data(), {H, 1, n}));
+    std::vector<std::vector<double>> m(static_cast<std::size_t>(Hkv), std::vector<double>(static_cast<std::size_t>(n), 0.0));
+    for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t j = 0; j < n; ++j) m[static_cast<std::size_t>(h / grp)][static_cast<std::size_t>(j)] += probs[static_cast<std::size_t>(h * n + j)];
+    return m;
+}
+
+// One run's decode step t of layer l: q [H, d], k, v [H_kv, d] of the new token. Writes r.out [H, d].
+// With `fill` (the reference run) records the step's output and probabilities into it; with `ref`
+// measures against them.
+inline void decode_step(Run& r, const Scenario& s, std::int64_t l, std::int64_t t, const float* q, const float* k,
+                        const float* v, KvCache<float>& cache, const RefLayer* ref, RefLayer* fill) {
+    const std::int64_t n = s.n(), H = s.model.heads, Hkv = s.model.kv_heads, d = s.model.head_dim, grp = H / Hkv;
+    LayerMetrics& M = r.res.layers[static_cast<std::size_t>(l)];
+    auto t0 = clock::now();
+    cache.append(View2<const float>(k, {Hkv, d}), View2<const float>(v, {Hkv, d}));
+    const TokenSelection cached = cache_selection(cache);
+    M.other_s += since(t0);
+
+    t0 = clock::now();
+    TokenSelection read;
+    try {
+        read = r.p.policy.decode_read(l, t, cached);
+    } catch (const ::vlsparse::error& e) {
+        policy_fail(r, l, "decode step " + std::to_string(t) + ": " + e.what());
+    }
+    M.decide_s += since(t0);
+    CacheRows rows;
+    try {
+        if (read.groups() != 1 && static_cast<std::int64_t>(read.groups()) != Hkv)
+            throw ::vlsparse::error("decode_read", "returned " + std::to_string(read.groups()) + " lists, expected 1 or " +
+                                                       std::to_string(Hkv));
+        rows = rows_for_positions(cache, read);
+    } catch (const ::vlsparse::error& e) {
+        policy_fail(r, l, "decode step " + std::to_string(t) + ": the positions read: " + e.what());
+    }
+    std::size_t L = 0;
+    for (const auto& li : rows) L = std::max(L, li.size());
+    std::vector<float> probs(static_cast<std::size_t>(H) * L);
+    r.out.assign(static_cast<std::size_t>(H * d), 0.0f);
+    t0 = clock::now();
+    try {
+        simd::indexed_decode_attention(View2<const float>(q, {H, d}), cache, rows, View2<float>(r.out.data(), {H, d}),
+                                       View2<float>(probs.data(), {H, static_cast<std::int64_t>(L)}));
+    } catch (const ::vlsparse::error& e) {
+        policy_fail(r, l, "decode step " + std::to_string(t) + ": " + e.what());
+    }
+    M.attention_s += since(t0);
+
+    // Head-mean attention per read list.
+    std::vector<std::vector<double>> attn(read.groups());
+    for (std::size_t g = 0; g < read.groups(); ++g) {
+        const auto len = read.indices[g].size();
+        attn[g].assign(len, 0.0);
+        const std::int64_t h0 = read.shared() ? 0 : static_cast<std::int64_t>(g) * grp;
+        const std::int64_t h1 = read.shared() ? H : h0 + grp;
+        for (std::int64_t h = h0; h < h1; ++h)
+            for (std::size_t i = 0; i < len; ++i) attn[g][i] += probs[static_cast<std::size_t>(h) * L + i];
+        for (auto& a : attn[g]) a /= static_cast<double>(h1 - h0);
+    }
+    t0 = clock::now();
+    std::optional<TokenSelection> ev;
+    try {
+        ev = r.p.policy.decode_observe(l, t, read, std::span<const std::vector<double>>(attn));
+    } catch (const ::vlsparse::error& e) {
+        policy_fail(r, l, "decode step " + std::to_string(t) + ": " + e.what());
+    }
+    M.decide_s += since(t0);
+    if (ev) {
+        t0 = clock::now();
+        try {
+            cache.keep(*ev);
+        } catch (const ::vlsparse::error& e) {
+            policy_fail(r, l, "decode step " + std::to_string(t) + ": eviction: " + e.what());
+        }
+        M.other_s += since(t0);
+    }
+
+    for (std::int64_t h = 0; h < H; ++h)
+        M.decode_pairs += static_cast<double>(rows[static_cast<std::size_t>(h / grp)].size());
+    M.dense_decode_pairs += static_cast<double>(H) * static_cast<double>(n + t + 1);
+
+    if (fill) {
+        fill->decode_out = r.out;
+        const std::int64_t P = cache.seq_len();
+        fill->decode_mass.assign(static_cast<std::size_t>(Hkv), std::vector<double>(static_cast<std::size_t>(P), 0.0));
+        for (std::int64_t h = 0; h < H; ++h) {
+            const auto& list = read.for_kv_head(h / grp);
+            for (std::size_t i = 0; i < list.size(); ++i)
+                fill->decode_mass[static_cast<std::size_t>(h / grp)][static_cast<std::size_t>(list[i])] +=
+                    probs[static_cast<std::size_t>(h) * L + i];
+        }
+    }
+    if (ref) {
+        for (std::int64_t x = 0; x < H * d; ++x)
+            M.decode_err.add(r.out[static_cast<std::size_t>(x)], ref->decode_out[static_cast<std::size_t>(x)]);
+        double mass = 0.0;
+        for (std::int64_t g = 0; g < Hkv; ++g)
+            for (auto p : read.for_kv_head(g)) mass += ref->decode_mass[static_cast<std::size_t>(g)][static_cast<std::size_t>(p)];
+        // mass_decode holds the running sum until the layer finishes; divided by S in finish_layer
+        M.mass_decode += mass / static_cast<double>(H);
+    }
+}
+
+inline void finish_layer(Run& r, const Scenario& s, std::int64_t l, const KvCache<float>& cache) {
+    const std::int64_t n = s.n(), Hkv = s.model.kv_heads, d = s.model.head_dim, S = s.decode_steps;
+    LayerMetrics& M = r.res.layers[static_cast<std::size_t>(l)];
+    M.kv_bytes_end = static_cast<double>(cache.kv_bytes());
+    M.dense_kv_bytes_end = static_cast<double>((n + S) * Hkv * d * 2) * sizeof(float);
+    double rows = 0.0;
+    for (std::int64_t g = 0; g < Hkv; ++g) rows += static_cast<double>(cache.rows(g));
+    M.kept_ratio_end = rows / (static_cast<double>(Hkv) * static_cast<double>(n + S));
+    if (S > 0) M.mass_decode /= static_cast<double>(S);
+}
+
+// Gathers rows `seq` of a [rows, width] buffer.
+inline std::vector<float> gather_rows(const std::vector<float>& src, std::span<const std::int64_t> seq, std::int64_t width) {
+    std::vector<float> out(seq.size() * static_cast<std::size_t>(width));
+    for (std::size_t i = 0; i < seq.size(); ++i)
+        std::copy_n(src.data() + seq[i] * width, width, out.data() + i * static_cast<std::size_t>(width));
+    return out;
+}
+
+inline bool is_identity_seq(const std::vector<std::int64_t>& seq, std::int64_t n) {
+    return static_cast<std::int64_t>(seq.size()) == n;  // subsets of [0, n) of size n are the identity
+}
+
+inline int thread_count() {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+}  // namespace detail
+
+// Runs the dense reference and `policies` over the scenario. RunResult::runs[0] is the reference.
+inline RunResult run_engine(const Scenario& s, std::vector<PolicyToRun> policies, const EngineOptions& opt = {}) {
+    using namespace detail;
+    const auto t_all = clock::now();
+    const std::int64_t n = s.n(), H = s.model.heads, Hkv = s.model.kv_heads, d = s.model.head_dim, Lyr = s.model.layers,
+                       S = s.decode_steps;
+    RunResult result;
+    result.threads = thread_count();
+    result.residual = s.source.kind == SourceKind::residual;
+
+    std::vector<Run> runs;
+    runs.push_back(Run{PolicyToRun{"dense", "dense", json::object(), DensePolicy{}, "", ""}, {}, {}, {}, {}, {}, {}, {}, -1});
+    for (auto& p : policies) runs.push_back(Run{std::move(p), {}, {}, {}, {}, {}, {}, {}, -1});
+    for (auto& r : runs) {
+        r.res.label = r.p.label;
+        r.res.name = r.p.name;
+        r.res.params = r.p.params;
+        r.res.sweep_of = r.p.sweep_of;
+        r.res.sweep_value = r.p.sweep_value;
+        r.res.residual = result.residual;
+        r.res.layers.assign(static_cast<std::size_t>(Lyr), LayerMetrics{});
+        r.seq.resize(static_cast<std::size_t>(n));
+        for (std::int64_t i = 0; i < n; ++i) r.seq[static_cast<std::size_t>(i)] = i;
+        try {
+            r.p.policy.begin(s.layout, s.model);
+        } catch (const ::vlsparse::error& e) {
+            throw ::vlsparse::error("vlsparse-sim", "policy '" + r.p.label + "': " + e.what());
+        }
+    }
+    const double nruns = static_cast<double>(runs.size());
+    const double per_layer = static_cast<double>(n) * static_cast<double>(n) / 2.0 +
+                             static_cast<double>(S) * (static_cast<double>(n) + static_cast<double>(S) / 2.0);
+    if (opt.progress) opt.progress->start(per_layer * nruns * static_cast<double>(Lyr));
+    auto tick = [&](double units, const std::string& what) {
+        if (opt.progress) opt.progress->advance(units, what);
+    };
+    const std::string Ls = std::to_string(Lyr);
+
+    if (!result.residual) {
+        // ---- plain sources: layer by layer, prefill then decode -------------------------------------
+        auto src = make_plain_source(s);
+        result.source = src->describe();
+        for (auto& r : runs) r.caches.assign(1, KvCache<float>(Hkv, d));
+        for (std::int64_t l = 0; l < Lyr; ++l) {
+            if (opt.progress) opt.progress->note("layer " + std::to_string(l + 1) + "/" + Ls + ": generating Q/K/V");
+            const LayerQKV qkv = src->layer(l);
+            if (qkv.rows < n + S)
+                throw ::vlsparse::error("vlsparse-sim", "the source gave " + std::to_string(qkv.rows) + " rows for layer " +
+                                                            std::to_string(l) + ", expected n + decode_steps = " +
+                                                            std::to_string(n + S));
+            RefLayer ref;
+            for (std::size_t ri = 0; ri < runs.size(); ++ri) {
+                Run& r = runs[ri];
+                const bool identity = is_identity_seq(r.seq, n);
+                std::vector<float> gq, gk, gv;
+                if (!identity) {
+                    gq = gather_rows(qkv.q, r.seq, H * d);
+                    gk = gather_rows(qkv.k, r.seq, Hkv * d);
+                    gv = gather_rows(qkv.v, r.seq, Hkv * d);
+                }
+                const float* q = identity ? qkv.q.data() : gq.data();
+                const float* k = identity ? qkv.k.data() : gk.data();
+                const float* v = identity ? qkv.v.data() : gv.data();
+                prefill_step(r, s, l, q, k, v, r.caches[0], ri == 0 ? nullptr : &ref, opt.bins);
+                if (ri == 0) {
+                    ref.prefill_out = r.out;
+                    ref.last_mass = last_row_mass(s, qkv.q.data(), qkv.k.data());
+                    r.res.layers[static_cast<std::size_t>(l)].mass_prefill = 1.0;
+                }
+                tick(static_cast<double>(n) * static_cast<double>(n) / 2.0,
+                     "layer " + std::to_string(l + 1) + "/" + Ls + " prefill: " + r.p.label);
+            }
+            for (std::int64_t t = 0; t < S; ++t) {
+                const std::int64_t row = n + t;
+                for (std::size_t ri = 0; ri < runs.size(); ++ri) {
+                    Run& r = runs[ri];
+                    decode_step(r, s, l, t, qkv.q.data() + row * H * d, qkv.k.data() + row * Hkv * d,
+                                qkv.v.data() + row * Hkv * d, r.caches[0], ri == 0 ? nullptr : &ref, ri == 0 ? &ref : nullptr);
+                    if (ri == 0) r.res.layers[static_cast<std::size_t>(l)].mass_decode += 1.0;
+                }
+                tick(nruns * (static_cast<double>(n) + static_cast<double>(t)),
+                     "layer " + std::to_string(l + 1) + "/" + Ls + " decode step " + std::to_string(t + 1));
+            }
+            for (auto& r : runs) finish_layer(r, s, l, r.caches[0]);
+        }
+    } else {
+        // ---- residual source: prefill layer by layer, then decode step by step --------------------
+        auto model = make_residual_source(s);
+        result.source = model->describe();
+        const std::int64_t D = model->hidden_size();
+        result.hidden_size = D;
+        const std::vector<float> h0 = model->embed_prompt();
+        if (static_cast<std::int64_t>(h0.size()) != n * D)
+            throw ::vlsparse::error("vlsparse-sim", "the residual model embedded the prompt into " + std::to_string(h0.size()) +
+                                                        " values, expected n x D = " + std::to_string(n * D));
+        for (auto& r : runs) {
+            r.hidden = h0;
+            r.caches.assign(static_cast<std::size_t>(Lyr), KvCache<float>(Hkv, d));
+        }
+        LayerQKV qkv;
+        for (std::int64_t l = 0; l < Lyr; ++l) {
+            RefLayer ref;
+            for (std::size_t ri = 0; ri < runs.size(); ++ri) {
+                Run& r = runs[ri];
+                const auto m = static_cast<std::int64_t>(r.seq.size());
+                auto t0 = clock::now();
+                model->project(l, std::span<const float>(r.hidden), std::span<const std::int64_t>(r.seq), qkv);
+                if (qkv.rows != m)
+                    throw ::vlsparse::error("vlsparse-sim", "the residual model projected " + std::to_string(qkv.rows) +
+                                                                " rows, expected " + std::to_string(m));
+                r.res.layers[static_cast<std::size_t>(l)].other_s += since(t0);
+                const auto keep = prefill_step(r, s, l, qkv.q.data(), qkv.k.data(), qkv.v.data(),
+                                               r.caches[static_cast<std::size_t>(l)], ri == 0 ? nullptr : &ref, opt.bins);
+                if (ri == 0) {
+                    ref.prefill_out = r.out;  // the reference never drops rows: rows are positions
+                    ref.last_mass = last_row_mass(s, qkv.q.data(), qkv.k.data());
+                    r.res.layers[static_cast<std::size_t>(l)].mass_prefill = 1.0;
+                }
+                t0 = clock::now();
+                model->update(l, std::span<float>(r.hidden), std::span<const float>(r.out));
+                if (!keep.empty()) r.hidden = gather_rows(r.hidden, keep, D);
+                r.res.layers[static_cast<std::size_t>(l)].other_s += since(t0);
+                tick(static_cast<double>(n) * static_cast<double>(n) / 2.0,
+                     "layer " + std::to_string(l + 1) + "/" + Ls + " prefill: " + r.p.label);
+            }
+        }
+        // The LM head on the last prompt row's final hidden state (the last row still in the sequence).
+        std::int64_t token = -1;
+        for (std::size_t ri = 0; ri < runs.size(); ++ri) {
+            Run& r = runs[ri];
+            const std::span<const float> last(r.hidden.data() + (r.seq.size() - 1) * static_cast<std::size_t>(D),
+                                              static_cast<std::size_t>(D));
+            r.last_token = model->lm_head(last);
+            r.res.tokens.push_back(r.last_token);
+            r.final_rows.assign(last.begin(), last.end());
+            if (ri == 0) token = r.last_token;
+            r.res.tokens_agree += r.last_token == runs[0].last_token;
+        }
+        std::vector<RefLayer> refs(static_cast<std::size_t>(Lyr));
+        for (std::int64_t t = 0; t < S; ++t) {
+            const std::vector<float> e = model->embed_token(token, n + t);
+            for (auto& r : runs) r.x = e;
+            for (std::int64_t l = 0; l < Lyr; ++l) {
+                const std::int64_t pos = n + t;
+                for (std::size_t ri = 0; ri < runs.size(); ++ri) {
+                    Run& r = runs[ri];
+                    auto t0 = clock::now();
+                    model->project(l, std::span<const float>(r.x), std::span<const std::int64_t>(&pos, 1), qkv);
+                    r.res.layers[static_cast<std::size_t>(l)].other_s += since(t0);
+                    decode_step(r, s, l, t, qkv.q.data(), qkv.k.data(), qkv.v.data(), r.caches[static_cast<std::size_t>(l)],
+                                ri == 0 ? nullptr : &refs[static_cast<std::size_t>(l)],
+                                ri == 0 ? &refs[static_cast<std::size_t>(l)] : nullptr);
+                    if (ri == 0) r.res.layers[static_cast<std::size_t>(l)].mass_decode += 1.0;
+                    t0 = clock::now();
+                    model->update(l, std::span<float>(r.x), std::span<const float>(r.out));
+                    r.res.layers[static_cast<std::size_t>(l)].other_s += since(t0);
+                }
+                tick(nruns * (static_cast<double>(n) + static_cast<double>(t)),
+                     "decode step " + std::to_string(t + 1) + ", layer " + std::to_string(l + 1) + "/" + Ls);
+            }
+            for (std::size_t ri = 0; ri < runs.size(); ++ri) {
+                Run& r = runs[ri];
+                r.last_token = model->lm_head(std::span<const float>(r.x));
+                r.res.tokens.push_back(r.last_token);
+                r.final_rows.insert(r.final_rows.end(), r.x.begin(), r.x.end());
+                r.res.tokens_agree += r.last_token == runs[0].last_token;
+            }
+            token = runs[0].last_token;
+        }
+        for (auto& r : runs) {
+            for (std::size_t x = 0; x < r.final_rows.size(); ++x) r.res.final_hidden_err.add(r.final_rows[x], runs[0].final_rows[x]);
+            if (opt.keep_final_hidden) r.res.final_hidden = r.final_rows;
+        }
+        for (auto& r : runs)
+            for (std::int64_t l = 0; l < Lyr; ++l) finish_layer(r, s, l, r.caches[static_cast<std::size_t>(l)]);
+    }
+    if (opt.progress) opt.progress->finish();
+    for (auto& r : runs) result.runs.push_back(std::move(r.res));
+    result.wall_s = since(t_all);
+    return result;
+}
+
+// The scenario's own policies.
+inline RunResult run_scenario(const Scenario& s, const EngineOptions& opt = {}) {
+    return run_engine(s, instantiate_policies(s), opt);
+}
+
+}  // namespace vlsparse::sim

@@ -1,0 +1,270 @@
+// vlsparse/sim/golden_verify.hpp -- `vlsparse-sim golden verify DIR`: a port's outputs against the
+// golden files.
+//
+// DIR is laid out like golden/: either one case folder (its outputs as .npy files under the
+// manifest's file names, optionally with a copy of manifest.json), an algorithm folder of cases, or a
+// whole tree <algorithm>/<case>/. A case is matched to golden/<algorithm>/<case>/ by its
+// manifest.json (algorithm and case) or, without one, by its folder names. Every output of the golden
+// manifest is compared with vlsparse::compare (io/golden.hpp) under its metric and tolerance
+// (exact / rel / abs / nmse): pass, or the first difference (flat and multi-index, expected, got,
+// |difference|) and the metric's value against the tolerance. A missing output file fails.
+// Include: <vlsparse/sim/golden_verify.hpp>
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "vlsparse/io/golden.hpp"
+#include "vlsparse/io/npy.hpp"
+
+namespace vlsparse::sim {
+
+struct GoldenOutputCheck {
+    std::string name, file, metric;
+    double tol = 0.0;
+    bool pass = false;
+    bool missing = false;
+    double value = 0.0;         // the metric's value (exact: the number of differing elements)
+    std::int64_t first = -1;    // flat index of the first difference (-1: none / not comparable)
+    double expected = NAN, got = NAN, diff = NAN;
+    std::string detail;         // one line
+};
+
+struct GoldenCaseCheck {
+    std::string algorithm, case_name;
+    std::filesystem::path golden_dir, port_dir;
+    std::vector<GoldenOutputCheck> outputs;
+    std::string error;  // non-empty: the case could not be checked (counts as a failure)
+
+    std::size_t passed() const {
+        return static_cast<std::size_t>(std::count_if(outputs.begin(), outputs.end(), [](const auto& o) { return o.pass; }));
+    }
+    bool pass() const { return error.empty() && passed() == outputs.size(); }
+};
+
+struct GoldenVerifyResult {
+    std::vector<GoldenCaseCheck> cases;
+    bool pass() const {
+        return !cases.empty() && std::all_of(cases.begin(), cases.end(), [](const auto& c) { return c.pass(); });
+    }
+};
+
+namespace detail {
+
+// The first element that decides the verdict: exact -> first unequal; rel/abs -> first over the
+// per-element limit; nmse -> first nonzero difference.
+inline void first_difference(const GoldenTensor& spec, const NpyArray& exp, const NpyArray& got, GoldenOutputCheck& c) {
+    if (exp.shape != got.shape) return;
+    const U2As u2 = spec.dtype == "bf16" ? U2As::bfloat16 : U2As::uint16;
+    const auto n = static_cast<std::size_t>(exp.numel());
+    double limit = 0.0;
+    if (spec.metric == "abs") limit = spec.tol;
+    if (spec.metric == "rel") {
+        double mx = 0.0;
+        for (std::size_t i = 0; i < n; ++i)
+            if (std::isfinite(exp.at_double(i, u2))) mx = std::max(mx, std::fabs(exp.at_double(i, u2)));
+        limit = spec.tol * mx;
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+        const double a = got.at_double(i, u2), b = exp.at_double(i, u2);
+        bool hit;
+        if (spec.metric == "exact") {
+            hit = !::vlsparse::detail::exact_equal(::vlsparse::detail::exact_elem(exp, i, u2),
+                                                   ::vlsparse::detail::exact_elem(got, i, u2));
+        } else {
+            const double d = a == b ? 0.0 : (!std::isfinite(a) || !std::isfinite(b)) ? INFINITY : std::fabs(a - b);
+            hit = spec.metric == "nmse" ? d != 0.0 : d > limit;
+        }
+        if (hit) {
+            c.first = static_cast<std::int64_t>(i);
+            c.expected = b;
+            c.got = a;
+            c.diff = a == b ? 0.0 : std::fabs(a - b);
+            return;
+        }
+    }
+}
+
+inline GoldenCaseCheck verify_case(const std::filesystem::path& port, const std::filesystem::path& golden_case) {
+    GoldenCaseCheck cc;
+    cc.golden_dir = golden_case;
+    cc.port_dir = port;
+    GoldenManifest m;
+    try {
+        m = read_manifest(golden_case);
+    } catch (const std::exception& e) {
+        cc.error = e.what();
+        return cc;
+    }
+    cc.algorithm = m.algorithm;
+    cc.case_name = m.case_name;
+    for (const auto& spec : m.outputs) {
+        GoldenOutputCheck c;
+        c.name = spec.name;
+        c.file = spec.file;
+        c.metric = spec.metric;
+        c.tol = spec.tol;
+        const auto pf = port / spec.file;
+        if (!std::filesystem::exists(pf)) {
+            c.missing = true;
+            c.detail = "missing: " + pf.string() + " does not exist";
+            cc.outputs.push_back(c);
+            continue;
+        }
+        try {
+            const NpyArray expected = read_tensor(golden_case, spec);
+            const NpyArray got = read_npy(pf);
+            const CompareResult r = compare(spec, expected, got);
+            c.pass = r.pass;
+            c.value = r.value;
+            c.detail = r.detail;
+            if (!r.pass) {
+                first_difference(spec, expected, got, c);
+                if (spec.metric == "exact" && c.first >= 0) c.detail += " (|diff| = " + ::vlsparse::detail::fmt_num(c.diff) + ")";
+            }
+        } catch (const std::exception& e) {
+            c.pass = false;
+            c.detail = e.what();
+        }
+        cc.outputs.push_back(c);
+    }
+    return cc;
+}
+
+inline bool has_npy(const std::filesystem::path& d) {
+    for (const auto& e : std::filesystem::directory_iterator(d))
+        if (e.is_regular_file() && e.path().extension() == ".npy") return true;
+    return false;
+}
+
+}  // namespace detail
+
+// Verifies a port's output folder (a case, an algorithm folder or a tree) against `golden_root`.
+// Throws vlsparse::error when DIR is not a folder or holds nothing that names a golden case.
+inline GoldenVerifyResult golden_verify(const std::filesystem::path& port, const std::filesystem::path& golden_root) {
+    namespace fs = std::filesystem;
+    constexpr const char* fn = "golden verify";
+    ::vlsparse::detail::require(fs::is_directory(port), fn, "'", port.string(), "' is not a folder");
+    ::vlsparse::detail::require(fs::is_directory(golden_root), fn, "the golden folder '", golden_root.string(),
+                                "' does not exist (pass --golden DIR or set VLSPARSE_GOLDEN_DIR)");
+    GoldenVerifyResult res;
+    // A case folder: manifest.json, or .npy files.
+    auto as_case = [&](const fs::path& d) -> bool {
+        if (fs::exists(d / "manifest.json")) {
+            std::string algo, name;
+            try {
+                const GoldenManifest pm = read_manifest(d);
+                algo = pm.algorithm;
+                name = pm.case_name;
+            } catch (const std::exception& e) {
+                GoldenCaseCheck cc;
+                cc.port_dir = d;
+                cc.error = std::string("the port's manifest.json cannot be read: ") + e.what();
+                res.cases.push_back(cc);
+                return true;
+            }
+            const fs::path g = golden_root / algo / name;
+            if (!fs::is_directory(g)) {
+                GoldenCaseCheck cc;
+                cc.port_dir = d;
+                cc.algorithm = algo;
+                cc.case_name = name;
+                cc.error = "its manifest names " + algo + "/" + name + ", which is not in " + golden_root.string();
+                res.cases.push_back(cc);
+                return true;
+            }
+            res.cases.push_back(detail::verify_case(d, g));
+            return true;
+        }
+        if (detail::has_npy(d)) {
+            const fs::path abs = fs::absolute(d).lexically_normal();
+            fs::path p = abs;
+            if (!p.has_filename()) p = p.parent_path();
+            const std::string name = p.filename().string(), algo = p.parent_path().filename().string();
+            const fs::path g = golden_root / algo / name;
+            GoldenCaseCheck cc;
+            cc.port_dir = d;
+            if (!fs::is_directory(g)) {
+                cc.error = "no manifest.json, and its folder names " + algo + "/" + name + " are not a case of " +
+                           golden_root.string();
+                res.cases.push_back(cc);
+                return true;
+            }
+            res.cases.push_back(detail::verify_case(d, g));
+            return true;
+        }
+        return false;
+    };
+    std::function<void(const fs::path&, int)> walk = [&](const fs::path& d, int depth) {
+        if (as_case(d) || depth >= 2) return;
+        std::vector<fs::path> subs;
+        for (const auto& e : fs::directory_iterator(d))
+            if (e.is_directory()) subs.push_back(e.path());
+        std::sort(subs.begin(), subs.end());
+        for (const auto& s : subs) walk(s, depth + 1);
+    };
+    walk(port, 0);
+    ::vlsparse::detail::require(!res.cases.empty(), fn, "'", port.string(),
+                                "' holds no case: expected .npy outputs (and optionally manifest.json) in it, or "
+                                "<case>/ or <algorithm>/<case>/ folders");
+    return res;
+}
+
+inline void print_golden_verify(std::FILE* f, const GoldenVerifyResult& r) {
+    std::size_t outs = 0, outs_ok = 0, cases_ok = 0;
+    for (const auto& c : r.cases) {
+        std::fprintf(f, "%s/%s  (port %s, golden %s)\n", c.algorithm.empty() ? "?" : c.algorithm.c_str(),
+                     c.case_name.empty() ? "?" : c.case_name.c_str(), c.port_dir.string().c_str(),
+                     c.golden_dir.empty() ? "-" : c.golden_dir.string().c_str());
+        if (!c.error.empty()) {
+            std::fprintf(f, "  ERROR %s\n", c.error.c_str());
+            continue;
+        }
+        std::size_t w = 4;
+        for (const auto& o : c.outputs) w = std::max(w, o.name.size());
+        for (const auto& o : c.outputs)
+            std::fprintf(f, "  %s  %-*s  %s\n", o.pass ? "PASS" : "FAIL", static_cast<int>(w), o.name.c_str(), o.detail.c_str());
+        std::fprintf(f, "  %zu of %zu outputs pass\n", c.passed(), c.outputs.size());
+        outs += c.outputs.size();
+        outs_ok += c.passed();
+        cases_ok += c.pass();
+    }
+    std::fprintf(f, "\n%s: %zu of %zu cases pass (%zu of %zu outputs)\n", r.pass() ? "PASS" : "FAIL", cases_ok,
+                 r.cases.size(), outs_ok, outs);
+}
+
+inline nlohmann::json to_json(const GoldenVerifyResult& r) {
+    nlohmann::json cases = nlohmann::json::array();
+    for (const auto& c : r.cases) {
+        nlohmann::json outs = nlohmann::json::array();
+        for (const auto& o : c.outputs) {
+            nlohmann::json j{{"name", o.name},   {"file", o.file},       {"metric", o.metric}, {"tol", o.tol},
+                             {"pass", o.pass},   {"missing", o.missing}, {"detail", o.detail}};
+            if (std::isfinite(o.value)) j["value"] = o.value;
+            if (o.first >= 0) {
+                j["first_index"] = o.first;
+                j["expected"] = std::isfinite(o.expected) ? nlohmann::json(o.expected) : nlohmann::json(nullptr);
+                j["got"] = std::isfinite(o.got) ? nlohmann::json(o.got) : nlohmann::json(nullptr);
+                j["diff"] = std::isfinite(o.diff) ? nlohmann::json(o.diff) : nlohmann::json(nullptr);
+            }
+            outs.push_back(j);
+        }
+        cases.push_back({{"algorithm", c.algorithm},
+                         {"case", c.case_name},
+                         {"port", c.port_dir.string()},
+                         {"golden", c.golden_dir.string()},
+                         {"pass", c.pass()},
+                         {"error", c.error},
+                         {"outputs", outs}});
+    }
+    return nlohmann::json{{"format", "vlsparse.sim.golden_verify"}, {"version", 1}, {"pass", r.pass()}, {"cases", cases}};
+}
+
+}  // namespace vlsparse::sim
