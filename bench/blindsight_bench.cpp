@@ -6,7 +6,6 @@
 // dense causal attention (simd::dense_attention), and the ideal speedup pairs(Dense) / pairs(template)
 // from the exact pair count; "of ideal" = measured / ideal. Medians of --reps runs after a warm-up.
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -15,24 +14,13 @@
 #include <vlsparse/vlsparse.hpp>
 #include <vlsparse/sim/synthetic.hpp>
 
+#include "bench_util.hpp"
+
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
-namespace {
-template <class F>
-double median_seconds(int reps, F&& f) {
-    f();  // warm-up
-    std::vector<double> t;
-    for (int r = 0; r < reps; ++r) {
-        const auto t0 = std::chrono::steady_clock::now();
-        f();
-        t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-}
-}  // namespace
+using vlsparse::bench::median_seconds;
 
 int main(int argc, char** argv) {
     int reps = 3;

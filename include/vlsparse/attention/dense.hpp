@@ -230,6 +230,61 @@ void pack_rows(const View3<const T>& x, std::int64_t g, const std::int64_t* keys
     for (std::int64_t t = t0; t < t1; ++t) widen_row(x.row(keys ? keys[t] : t, g), x.stride[2], dst + t * d, d);
 }
 
+// The keys and values of KV heads [g0, g1) as KeySets, ks[g - g0], of rows keys[0:n_keys) (every row
+// when keys is null): read in place when `in_place` (fp32 rows, see usable_in_place), else packed at
+// kp / vp (head g at offset (g - g0) * n_keys * d) by pack_kv_rows.
+template <class TK>
+void kv_key_sets(const View3<const TK>& k, const View3<const TK>& v, std::int64_t g0, std::int64_t g1,
+                 std::int64_t n_keys, bool in_place, float* kp, float* vp, KeySet* ks) {
+    const std::int64_t d = k.shape[2];
+    for (std::int64_t g = g0; g < g1; ++g) {
+        KeySet& s = ks[g - g0];
+        s.n = n_keys;
+        if (in_place) {
+            s.k = in_place_rows(k, g);
+            s.ldk = k.shape[0] == 1 ? d : k.stride[0];  // a single row: its token stride is meaningless
+            s.v = in_place_rows(v, g);
+            s.ldv = v.shape[0] == 1 ? d : v.stride[0];
+        } else {
+            s.k = kp + (g - g0) * n_keys * d;
+            s.v = vp + (g - g0) * n_keys * d;
+            s.ldk = s.ldv = d;
+        }
+    }
+}
+
+// Widens rows [t0, t1) of the packed key set of KV heads [g0, g1) (see kv_key_sets), token by token
+// for all the heads: their rows of one token lie together in a token-major view.
+template <class TK>
+void pack_kv_rows(const View3<const TK>& k, const View3<const TK>& v, std::int64_t g0, std::int64_t g1,
+                  const std::int64_t* keys, std::int64_t n_keys, std::int64_t t0, std::int64_t t1, float* kp, float* vp) {
+    const std::int64_t d = k.shape[2];
+    for (std::int64_t t = t0; t < t1; ++t) {
+        const std::int64_t j = keys ? keys[t] : t;
+        for (std::int64_t g = g0; g < g1; ++g) {
+            const std::int64_t off = ((g - g0) * n_keys + t) * d;
+            widen_row(k.row(j, g), k.stride[2], kp + off, d);
+            widen_row(v.row(j, g), v.stride[2], vp + off, d);
+        }
+    }
+}
+
+// kv_key_sets, and the packing by all threads of the enclosing parallel region: an orphaned
+// work-sharing loop, so every thread of the region must call this, and its closing barrier makes the
+// rows visible.
+template <class TK>
+void kv_head_keys(const View3<const TK>& k, const View3<const TK>& v, std::int64_t g0, std::int64_t g1,
+                  const std::int64_t* keys, std::int64_t n_keys, bool in_place, float* kp, float* vp, ErrorSlot& err,
+                  KeySet* ks) {
+    constexpr std::int64_t kPackRows = 256;
+    kv_key_sets(k, v, g0, g1, n_keys, in_place, kp, vp, ks);
+    if (in_place) return;
+    const std::int64_t nchunks = (n_keys + kPackRows - 1) / kPackRows;
+    VLSPARSE_OMP(omp for schedule(static))
+    for (std::int64_t c = 0; c < nchunks; ++c)
+        err.run([&] { pack_kv_rows(k, v, g0, g1, keys, n_keys, c * kPackRows, std::min(n_keys, (c + 1) * kPackRows), kp, vp); });
+}
+
 // The block engine. Attends nr packed query rows Q [nr, d] (row-major, ld d) to the key set ks; row r
 // sees keys [0, vis[r]) (keys sorted by position, so causal visibility is a prefix). On return
 // sc.o [nr, d] holds the normalized outputs (zero rows where vis[r] == 0) and sc.bad[r] != 0 marks
@@ -327,7 +382,6 @@ void run_attention(const View3<const TQ>& q, const View3<const TK>& k, const Vie
     const std::int64_t kc = std::min<std::int64_t>(std::max<std::int64_t>(blocking.k_chunk, 1),
                                                    std::max<std::int64_t>(max_keys, 1));
     for (auto& s : scratch) s.reserve(QB, d, kc);
-    constexpr std::int64_t kPackRows = 256;
     ErrorSlot err;
 
     VLSPARSE_OMP(omp parallel num_threads(nthreads))
@@ -344,28 +398,8 @@ void run_attention(const View3<const TQ>& q, const View3<const TK>& k, const Vie
             const bool rows_are_keys = sel && unselected == UnselectedRows::zero;
             const std::int64_t n_rows = rows_are_keys ? n_keys : nq;
 
-            // Pack this KV head's keys and values (all threads), or use them in place.
             KeySet ks;
-            ks.n = n_keys;
-            if (in_place) {
-                ks.k = in_place_rows(k, g);
-                ks.ldk = nk == 1 ? d : k.stride[0];  // a single row: its token stride is meaningless
-                ks.v = in_place_rows(v, g);
-                ks.ldv = nk == 1 ? d : v.stride[0];
-            } else {
-                ks.k = kp.data();
-                ks.v = vp.data();
-                ks.ldk = ks.ldv = d;
-                const std::int64_t nchunks = (n_keys + kPackRows - 1) / kPackRows;
-                VLSPARSE_OMP(omp for schedule(static))
-                for (std::int64_t c = 0; c < nchunks; ++c) {
-                    err.run([&] {
-                        const std::int64_t t0 = c * kPackRows, t1 = std::min(n_keys, t0 + kPackRows);
-                        pack_rows(k, g, keys, t0, t1, kp.data());
-                        pack_rows(v, g, keys, t0, t1, vp.data());
-                    });
-                }
-            }
+            kv_head_keys(k, v, g, g + 1, keys, n_keys, in_place, kp.data(), vp.data(), err, &ks);
             // Zero mode: rows not in T_g are zero for every query head of the group.
             if (rows_are_keys) {
                 VLSPARSE_OMP(omp for schedule(static))

@@ -2,27 +2,50 @@
 //
 //   O[i,h,:] = sum_{j : mask_h(i, j)} softmax_j(scale * q_{i,h} . k_{j,g}) v_{j,g},   g = h / (H / H_kv)
 //
-// The mask is a BlockMask (masks/block_mask.hpp): for each (query head, query block) only the listed
-// key blocks are computed; fully allowed blocks without any mask test, partly allowed blocks with the
-// mask evaluated per row from the mask's key intervals; skipped blocks cost nothing, so the work
-// scales with the allowed pairs (plus the partial blocks' slack), not with n^2. Prefill only
-// (n_q == n_k == mask.n). fp32 accumulation, Eigen GEMMs per block and the xsimd softmax kernels of
-// the dense engine (attention/dense.hpp), online softmax over the listed blocks (adjacent listed
-// blocks merged, and runs of short non-adjacent ranges gathered, into chunks of up to
-// VLSPARSE_SIMD_K_CHUNK keys), OpenMP over
-// (query head, query block). Rows whose fp32 result overflows are recomputed in double.
+// The mask is a BlockMask (masks/block_mask.hpp), read only through its block lists (the CSR
+// arrays), its head templates and mask.context.row_intervals, so any mask kind of that form runs
+// unchanged. Skipped blocks cost nothing: the work scales with the allowed pairs (plus the partial
+// blocks' slack), not with n^2. Prefill only (n_q == n_k == mask.n). fp32 accumulation, Eigen GEMMs
+// and the xsimd softmax kernels of the dense engine (attention/dense.hpp), online softmax over key
+// chunks. The work, planned per call:
+//   1. heads with the same template and block lists share one plan. A query block is a work item;
+//      small blocks (text runs between images) whose keys contain the previous small block's are
+//      chained into one item of up to twice the largest block's rows, so that their GEMMs are not
+//      a few rows tall.
+//   2. an item's listed keys (full blocks; partial ones trimmed to [lo, hi)) are fused into maximal
+//      contiguous spans, and their columns counted over the rows' key intervals: columns every row
+//      may see need no mask, columns no row may see are dropped, only the others ("masked": the
+//      causal diagonal, holes between sinks) are tested per row.
+//   3. spans are cut into GEMM chunks of VLSPARSE_SIMD_K_CHUNK to 2 VLSPARSE_SIMD_K_CHUNK - 1 keys
+//      read in place (cut where the masked columns start); runs of short spans are gathered into one.
+//   4. a chunk without masked columns runs as in the dense engine. In a masked chunk each row gets
+//      -inf in its holes and its softmax stops at its last allowed column, and each group of
+//      kMaskedRowGroup rows stops its GEMMs at the group's last allowed column (about half of the
+//      causal triangle is skipped).
+// K and V are packed (fp32, unit stride) a group of KV heads at a time into a ring of two slots, the
+// next group while the current one runs; the threads (OpenMP) take tasks (build an item, pack rows,
+// run an item for some heads) from one ordered list, with no barrier between KV heads. Large outputs
+// are written with streaming stores. Rows whose fp32 result overflows are recomputed in double.
 // Same semantics as vlsparse::reference::masked_attention. Include: <vlsparse/attention/masked.hpp>
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "vlsparse/attention/dense.hpp"
 #include "vlsparse/masks/block_mask.hpp"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace vlsparse {
 namespace detail {
@@ -55,241 +78,719 @@ void check_masked_args(const View3<const TQ>& q, const View3<const TK>& k, const
 namespace simd {
 namespace detail {
 
-// One (query head, query block) of masked attention: Q [nr, d] packed at sc.q, keys and values of the
-// KV head in ks (all n rows). Key ranges [lo_[b], hi_[b]) ascending (full blocks, and partial blocks
-// trimmed to their allowed range; flag in `part`).
-// Row r's allowed keys inside partial blocks come from `iv` (intervals of row r at iv_off[r]).
+// Keys [lo, hi) placed at columns [col, col + hi - lo) of a chunk.
+struct KeyPiece {
+    std::int64_t lo = 0, hi = 0, col = 0;
+};
+
+// Rows [r0, r1) of a work item whose GEMMs in one masked chunk stop at column ext.
+struct RowGroup {
+    std::int64_t r0 = 0, r1 = 0, ext = 0;
+};
+
+// The key columns of one GEMM: pieces [p0, p1) of the item's piece list, kc keys in all. A masked
+// chunk (rows differ in some of its columns) has, for row r, cend[rows + r] and the holes
+// holes[hole_off[holes + r] .. hole_off[holes + r + 1]), and the row groups groups[grp0 .. grp1);
+// rows < 0: unmasked (every row sees every column).
+struct KeyChunk {
+    std::int64_t p0 = 0, p1 = 0, kc = 0;
+    std::int64_t rows = -1, holes = 0, grp0 = 0, grp1 = 0;
+};
+
+// The head-independent part of one work item: one or more query blocks as they apply to every head
+// of a class (heads with the same template and the same block lists). Built once per call.
+struct MaskedItem {
+    std::vector<std::int64_t> pos;  // position of each row
+    std::vector<KeyPiece> pieces;
+    std::vector<KeyChunk> chunks;
+    std::vector<RowGroup> groups;        // of the masked chunks
+    std::vector<std::int64_t> cend;      // masked chunks: each row's last allowed column + 1 (0: none)
+    std::vector<std::int64_t> hole_off;  // masked chunks: offsets into holes, rows + 1 per chunk
+    std::vector<KeyInterval> holes;      // columns a row may not see, before its cend
+    double cost = 0;                     // rows x listed keys (for the schedule)
+};
+
+// Per-thread scratch of the item builder.
+struct MaskedScratch {
+    std::vector<std::int64_t> gstart;  // row groups: each block cut into pieces of at most kMaskedRowGroup
+    std::vector<KeyInterval> fullk;    // keys every row may see (full blocks), ascending
+    std::vector<KeyInterval> partial;  // keys to count per row (partial blocks trimmed to [lo, hi))
+    std::vector<KeyInterval> spans;    // listed keys as maximal contiguous ranges, ascending
+    std::vector<KeyInterval> masked;   // key ranges where the rows differ, ascending
+    std::vector<KeyInterval> tmp, iv, row_iv;
+    std::vector<std::int64_t> poff, iv_off;
+    std::vector<std::int32_t> cover;  // rows allowing each column of `partial` (difference array)
+};
+
+// store_row through streaming stores where it can (fp32, unit stride, 16-byte aligned rows): the
+// output is written once and not read here, so its lines need not be read into the cache first.
+// The caller ends with stream_fence().
+template <class TO>
+void store_row_stream(TO* dst, std::int64_t stride, const float* src, std::int64_t d) {
+#if defined(__SSE2__)
+    if constexpr (std::is_same_v<TO, float>) {
+        if (stride == 1 && d % 4 == 0 && (reinterpret_cast<std::uintptr_t>(dst) & 15u) == 0) {
+            for (std::int64_t c = 0; c < d; c += 4) _mm_stream_ps(dst + c, _mm_loadu_ps(src + c));
+            return;
+        }
+    }
+#endif
+    store_row(dst, stride, src, d);
+}
+inline void stream_fence() {
+#if defined(__SSE2__)
+    _mm_sfence();
+#endif
+}
+
+// Outputs of at least this many bytes are written with streaming stores.
+inline constexpr std::int64_t kMaskedStreamBytes = std::int64_t{8} << 20;
+
+// Rows per GEMM group inside masked chunks.
+inline constexpr std::int64_t kMaskedRowGroup = 32;
+// Packed K/V (fp32): the ring's two slots take at most this many bytes together (but hold one KV
+// head each at least). Kept under the size that malloc serves by mmap (32 MiB by default), so that
+// the buffer is reused from one call to the next instead of being faulted in (and zeroed) again.
+inline constexpr std::int64_t kMaskedPackBytes = std::int64_t{16} << 20;
+
+inline void push_keys(std::vector<KeyInterval>& v, std::int64_t lo, std::int64_t hi) {
+    if (lo >= hi) return;
+    if (!v.empty() && v.back().hi >= lo) v.back().hi = std::max(v.back().hi, hi);
+    else v.push_back({lo, hi});
+}
+
+// Keys listed for (head h, query block qb): full blocks and trimmed partial blocks, as ascending
+// maximal ranges appended to `out`; the full blocks' ranges also to *full_only and the trimmed
+// partial blocks to *partial_only when given.
+inline void listed_keys(const BlockMask& bm, std::int64_t h, std::int64_t qb, std::vector<KeyInterval>& out,
+                        std::vector<KeyInterval>* full_only = nullptr, std::vector<KeyInterval>* partial_only = nullptr) {
+    const std::int64_t KB = bm.k_block;
+    const auto full = bm.full(h, qb);
+    const auto row = static_cast<std::size_t>(h * bm.n_q_blocks + qb);
+    const auto p0 = static_cast<std::size_t>(bm.partial_offsets[row]);
+    const auto np = static_cast<std::size_t>(bm.partial_offsets[row + 1]) - p0;
+    std::size_t a = 0, b = 0;
+    while (a < full.size() || b < np) {
+        if (b == np || (a < full.size() && full[a] * KB < bm.partial_key_lo[p0 + b])) {
+            const std::int64_t lo = full[a] * KB, hi = std::min(bm.n, (full[a] + 1) * KB);
+            push_keys(out, lo, hi);
+            if (full_only) push_keys(*full_only, lo, hi);
+            ++a;
+        } else {
+            push_keys(out, bm.partial_key_lo[p0 + b], bm.partial_key_hi[p0 + b]);
+            if (partial_only) partial_only->push_back({bm.partial_key_lo[p0 + b], bm.partial_key_hi[p0 + b]});
+            ++b;
+        }
+    }
+}
+
+// Step 2 of the header comment for query blocks qbs[0:nqb) of head h: it.pos, s.gstart,
+// s.spans (columns no row may see removed), s.masked, and the rows' intervals when some column
+// needs them (s.iv / s.iv_off; else iv_off is all zero). One block: only its partial blocks are
+// counted (its full blocks are allowed to every row). Several blocks: every listed column is counted
+// (a full block of one is not necessarily allowed to the rows of another).
+inline void item_key_lists(const BlockMask& bm, std::int64_t h, const std::int64_t* qbs, std::int64_t nqb,
+                           MaskedItem& it, MaskedScratch& s) {
+    const auto t = bm.head_template[static_cast<std::size_t>(h)];
+    it.pos.clear();
+    s.gstart.clear();
+    s.fullk.clear();
+    s.partial.clear();
+    for (std::int64_t x = 0; x < nqb; ++x) {
+        const auto qb = static_cast<std::size_t>(qbs[x]);
+        const std::int64_t r0 = bm.q_block_start[qb], r1 = bm.q_block_start[qb + 1];
+        for (std::int64_t g = static_cast<std::int64_t>(it.pos.size()), e = g + (r1 - r0); g < e; g += kMaskedRowGroup)
+            s.gstart.push_back(g);
+        for (std::int64_t i = r0; i < r1; ++i) it.pos.push_back(i);
+        if (nqb == 1) {
+            s.tmp.clear();
+            listed_keys(bm, h, qbs[x], s.tmp, &s.fullk, &s.partial);
+            continue;
+        }
+        s.tmp.clear();
+        listed_keys(bm, h, qbs[x], s.tmp);
+        s.masked.clear();  // scratch: the union of s.partial and s.tmp
+        std::size_t i = 0, j = 0;
+        while (i < s.partial.size() || j < s.tmp.size()) {
+            const bool left = j == s.tmp.size() || (i < s.partial.size() && s.partial[i].lo <= s.tmp[j].lo);
+            const KeyInterval y = left ? s.partial[i++] : s.tmp[j++];
+            push_keys(s.masked, y.lo, y.hi);
+        }
+        s.partial.swap(s.masked);
+    }
+    const auto nr = static_cast<std::int64_t>(it.pos.size());
+    s.gstart.push_back(nr);
+    s.iv.clear();
+    s.iv_off.assign(static_cast<std::size_t>(nr) + 1, 0);
+    s.masked.clear();
+    // Coverage of the counted columns: a difference array per range, one pass over each row's intervals.
+    if (!s.partial.empty()) {
+        s.poff.resize(s.partial.size() + 1);
+        s.poff[0] = 0;
+        for (std::size_t p = 0; p < s.partial.size(); ++p) s.poff[p + 1] = s.poff[p] + (s.partial[p].hi - s.partial[p].lo) + 1;
+        s.cover.assign(static_cast<std::size_t>(s.poff.back()), 0);
+        for (std::int64_t r = 0; r < nr; ++r) {
+            bm.context.row_intervals(t, it.pos[static_cast<std::size_t>(r)], s.row_iv);
+            std::size_t p = 0;
+            for (const auto& y : s.row_iv) {
+                while (p < s.partial.size() && s.partial[p].hi <= y.lo) ++p;
+                for (std::size_t e = p; e < s.partial.size() && s.partial[e].lo < y.hi; ++e) {
+                    const std::int64_t a = std::max(y.lo, s.partial[e].lo), b = std::min(y.hi, s.partial[e].hi);
+                    if (a >= b) continue;
+                    ++s.cover[static_cast<std::size_t>(s.poff[e] + a - s.partial[e].lo)];
+                    --s.cover[static_cast<std::size_t>(s.poff[e] + b - s.partial[e].lo)];
+                }
+            }
+            s.iv.insert(s.iv.end(), s.row_iv.begin(), s.row_iv.end());
+            s.iv_off[static_cast<std::size_t>(r) + 1] = static_cast<std::int64_t>(s.iv.size());
+        }
+    }
+    // Listed keys in ascending order: full ranges whole; counted ranges split by their coverage into
+    // dropped (no row), unmasked (every row) and masked (some rows) columns.
+    s.spans.clear();
+    auto add = [&](std::int64_t lo, std::int64_t hi) {
+        if (!s.spans.empty() && s.spans.back().hi == lo) s.spans.back().hi = hi;
+        else s.spans.push_back({lo, hi});
+    };
+    std::size_t a = 0, b = 0;
+    while (a < s.fullk.size() || b < s.partial.size()) {
+        if (b == s.partial.size() || (a < s.fullk.size() && s.fullk[a].lo < s.partial[b].lo)) {
+            add(s.fullk[a].lo, s.fullk[a].hi);
+            ++a;
+            continue;
+        }
+        const auto [lo, hi] = s.partial[b];
+        const std::int32_t* cv = s.cover.data() + s.poff[b];
+        auto cls = [nr](std::int32_t c) { return c == 0 ? 0 : c == nr ? 2 : 1; };
+        std::int32_t c = 0;
+        for (std::int64_t j = lo; j < hi;) {  // runs of one class: 0 no row, 1 some rows, 2 every row
+            c += cv[j - lo];
+            const int k = cls(c);
+            std::int64_t e = j + 1;
+            while (e < hi && cls(c + cv[e - lo]) == k) c += cv[e++ - lo];
+            if (k != 0) add(j, e);
+            if (k == 1) push_keys(s.masked, j, e);
+            j = e;
+        }
+        ++b;
+    }
+}
+
+// Step 3: cuts s.spans into chunks (it.pieces, it.chunks). Each span is first cut where the mask
+// starts or stops differing between rows (s.masked), so that the row groups of a masked chunk cover
+// little more than the masked columns, unless the pieces together are shorter than kt. A piece of at
+// least kt keys runs in place as floor(len / kt) chunks of equal width (kt to 2 kt - 1 keys);
+// shorter pieces are collected while they fit in kt keys (gathered when not contiguous).
+inline void item_chunks(std::int64_t kt, MaskedItem& it, const MaskedScratch& s) {
+    it.pieces.clear();
+    it.chunks.clear();
+    KeyChunk cur;
+    auto close = [&] {
+        if (cur.kc > 0) {
+            cur.p1 = static_cast<std::int64_t>(it.pieces.size());
+            it.chunks.push_back(cur);
+        }
+        cur = KeyChunk{};
+        cur.p0 = static_cast<std::int64_t>(it.pieces.size());
+    };
+    auto add = [&](std::int64_t lo, std::int64_t hi) {
+        const std::int64_t L = hi - lo;
+        if (cur.kc > 0 && cur.kc + L <= kt) {
+            if (it.pieces.back().hi == lo) it.pieces.back().hi = hi;  // contiguous: stays in place
+            else it.pieces.push_back({lo, hi, cur.kc});
+            cur.kc += L;
+            return;
+        }
+        close();
+        if (L < kt) {
+            it.pieces.push_back({lo, hi, 0});
+            cur.kc = L;
+            return;
+        }
+        const std::int64_t c = L / kt;
+        for (std::int64_t x = 0; x < c; ++x) {
+            const std::int64_t a = lo + L * x / c, b = lo + L * (x + 1) / c;
+            it.pieces.push_back({a, b, 0});
+            cur.kc = b - a;
+            close();
+        }
+    };
+    close();
+    std::size_t m = 0;
+    for (const auto& sp : s.spans) {
+        std::int64_t seg = sp.lo, at = sp.lo;  // open piece [seg, at); the next cut after at
+        while (at < sp.hi) {
+            while (m < s.masked.size() && s.masked[m].hi <= at) ++m;
+            std::int64_t cut = sp.hi;
+            if (m < s.masked.size() && s.masked[m].lo < sp.hi) cut = s.masked[m].lo > at ? s.masked[m].lo : std::min(s.masked[m].hi, sp.hi);
+            if (2 * (at - seg) >= kt && cut - seg >= kt) {  // [seg, at) is long, and [at, cut) would make it too long
+                add(seg, at);
+                seg = at;
+            }
+            at = cut;
+        }
+        add(seg, sp.hi);
+    }
+    close();
+}
+
+// Step 4 for the chunks overlapping s.masked: each row's holes (columns it may not see) before its
+// last allowed column, cend = that column + 1 (0: nothing allowed in the chunk), and the GEMM row
+// groups (consecutive groups of s.gstart that stop at the same column merged into one).
+inline void item_chunk_rows(MaskedItem& it, const MaskedScratch& s) {
+    const auto nr = static_cast<std::int64_t>(it.pos.size());
+    it.groups.clear();
+    it.cend.clear();
+    it.hole_off.clear();
+    it.holes.clear();
+    std::vector<std::int64_t> cur(s.iv_off.begin(), s.iv_off.end() - 1);  // per-row cursor into s.iv
+    std::size_t m0 = 0;
+    for (auto& ch : it.chunks) {
+        const auto& first = it.pieces[static_cast<std::size_t>(ch.p0)];
+        while (m0 < s.masked.size() && s.masked[m0].hi <= first.lo) ++m0;
+        bool masked = false;
+        for (std::int64_t p = ch.p0, m = static_cast<std::int64_t>(m0); p < ch.p1 && !masked; ++p) {
+            const auto& pc = it.pieces[static_cast<std::size_t>(p)];
+            while (m < static_cast<std::int64_t>(s.masked.size()) && s.masked[static_cast<std::size_t>(m)].hi <= pc.lo) ++m;
+            masked = m < static_cast<std::int64_t>(s.masked.size()) && s.masked[static_cast<std::size_t>(m)].lo < pc.hi;
+        }
+        if (!masked) continue;
+        ch.rows = static_cast<std::int64_t>(it.cend.size());
+        ch.holes = static_cast<std::int64_t>(it.hole_off.size());
+        it.hole_off.push_back(static_cast<std::int64_t>(it.holes.size()));
+        for (std::int64_t r = 0; r < nr; ++r) {
+            std::int64_t t = cur[static_cast<std::size_t>(r)];
+            const std::int64_t tend = s.iv_off[static_cast<std::size_t>(r) + 1];
+            std::int64_t cend = 0;
+            const std::size_t h0 = it.holes.size();
+            std::size_t m = m0;
+            for (std::int64_t p = ch.p0; p < ch.p1; ++p) {
+                const auto& pc = it.pieces[static_cast<std::size_t>(p)];
+                for (std::int64_t j = pc.lo; j < pc.hi;) {
+                    while (m < s.masked.size() && s.masked[m].hi <= j) ++m;
+                    const std::int64_t mlo = m < s.masked.size() ? std::max(s.masked[m].lo, j) : pc.hi;
+                    if (mlo > j) {  // unmasked [j, min(mlo, hi)): every row sees it
+                        const std::int64_t e = std::min(mlo, pc.hi);
+                        cend = pc.col + (e - pc.lo);
+                        j = e;
+                        continue;
+                    }
+                    const std::int64_t mhi = std::min(s.masked[m].hi, pc.hi);  // masked [j, mhi): the row's intervals
+                    while (t < tend && s.iv[static_cast<std::size_t>(t)].hi <= j) ++t;
+                    std::int64_t at = j;
+                    for (std::int64_t u = t; u < tend && s.iv[static_cast<std::size_t>(u)].lo < mhi; ++u) {
+                        const std::int64_t lo = std::max(s.iv[static_cast<std::size_t>(u)].lo, j);
+                        const std::int64_t hi = std::min(s.iv[static_cast<std::size_t>(u)].hi, mhi);
+                        if (at < lo) it.holes.push_back({pc.col + (at - pc.lo), pc.col + (lo - pc.lo)});
+                        cend = pc.col + (hi - pc.lo);
+                        at = hi;
+                    }
+                    if (at < mhi) it.holes.push_back({pc.col + (at - pc.lo), pc.col + (mhi - pc.lo)});
+                    j = mhi;
+                }
+            }
+            cur[static_cast<std::size_t>(r)] = t;
+            while (it.holes.size() > h0 && it.holes.back().lo >= cend) it.holes.pop_back();
+            it.cend.push_back(cend);
+            it.hole_off.push_back(static_cast<std::int64_t>(it.holes.size()));
+        }
+        ch.grp0 = static_cast<std::int64_t>(it.groups.size());
+        for (std::size_t x = 0; x + 1 < s.gstart.size(); ++x) {
+            std::int64_t ext = 0;
+            for (std::int64_t r = s.gstart[x]; r < s.gstart[x + 1]; ++r)
+                ext = std::max(ext, it.cend[static_cast<std::size_t>(ch.rows + r)]);
+            if (it.groups.size() > static_cast<std::size_t>(ch.grp0) && it.groups.back().ext == ext)
+                it.groups.back().r1 = s.gstart[x + 1];
+            else
+                it.groups.push_back({s.gstart[x], s.gstart[x + 1], ext});
+        }
+        ch.grp1 = static_cast<std::int64_t>(it.groups.size());
+    }
+}
+
+// One work item for one head: Q [nr, d] (row-major), keys and values of the head's KV head in ks; S
+// scratch for the scores, m and l for the running max and sum (nr each), gk / gv for gathered keys.
+// On return O [nr, d] holds the normalized outputs and bad[r] != 0 marks rows to recompute in double.
 template <class Arch>
-void attend_block_masked(const float* Q, std::int64_t nr, std::int64_t d, const KeySet& ks, const std::int64_t* lo_,
-                         const std::int64_t* hi_, const std::uint8_t* part, std::int64_t nblocks,
-                         const std::vector<KeyInterval>& iv, const std::vector<std::int64_t>& iv_off, float scale,
-                         std::int64_t kc_max, float* gk, float* gv, Scratch& sc) {
+void attend_item(const float* Q, std::int64_t d, const KeySet& ks, float scale, const MaskedItem& it, float* O,
+                 float* S, float* m, float* l, std::uint8_t* bad, float* gk, float* gv) {
     using K = Kernels<Arch>;
     constexpr float ninf = -std::numeric_limits<float>::infinity();
-    float* O = sc.o.data();
-    float* S = sc.s.data();
-    float* m = sc.m.data();
-    float* l = sc.l.data();
+    const auto nr = static_cast<std::int64_t>(it.pos.size());
     for (std::int64_t r = 0; r < nr; ++r) {
         m[r] = ninf;
         l[r] = 0.0f;
-        sc.bad[static_cast<std::size_t>(r)] = 0;
+        bad[r] = 0;
     }
     std::fill(O, O + nr * d, 0.0f);
-    const CMapR Qm(Q, nr, d, Eigen::OuterStride<>(d));
-    MapR Om(O, nr, d, Eigen::OuterStride<>(d));
-    std::vector<std::int64_t>& cur = sc.rows;  // per-row cursor into its intervals (ascending blocks)
-    for (std::int64_t r = 0; r < nr; ++r) cur[static_cast<std::size_t>(r)] = iv_off[static_cast<std::size_t>(r)];
-    // Consecutive ranges are grouped into chunks of at most kc_max keys; a chunk of several ranges
-    // (short, non-contiguous: sink strips, text strips) is gathered into gk/gv so that it runs as one
-    // GEMM instead of many narrow ones.
-    for (std::int64_t b = 0; b < nblocks;) {
-        std::int64_t e = b + 1, kc = hi_[b] - lo_[b];
-        while (e < nblocks && kc + (hi_[e] - lo_[e]) <= kc_max) {
-            kc += hi_[e] - lo_[e];
-            ++e;
-        }
-        const float *kptr = ks.k + lo_[b] * ks.ldk, *vptr = ks.v + lo_[b] * ks.ldv;
+    for (const auto& ch : it.chunks) {
+        const std::int64_t kc = ch.kc;
+        const auto& first = it.pieces[static_cast<std::size_t>(ch.p0)];
+        const float *kptr = ks.k + first.lo * ks.ldk, *vptr = ks.v + first.lo * ks.ldv;
         std::int64_t ldk = ks.ldk, ldv = ks.ldv;
-        if (e - b > 1) {
-            std::int64_t off = 0;
-            for (std::int64_t x = b; x < e; ++x)
-                for (std::int64_t j = lo_[x]; j < hi_[x]; ++j, ++off) {
-                    std::memcpy(gk + off * d, ks.k + j * ks.ldk, static_cast<std::size_t>(d) * sizeof(float));
-                    std::memcpy(gv + off * d, ks.v + j * ks.ldv, static_cast<std::size_t>(d) * sizeof(float));
+        if (ch.p1 - ch.p0 > 1) {  // gather the short spans
+            for (std::int64_t p = ch.p0; p < ch.p1; ++p) {
+                const auto& pc = it.pieces[static_cast<std::size_t>(p)];
+                for (std::int64_t j = pc.lo, c = pc.col; j < pc.hi; ++j, ++c) {
+                    std::memcpy(gk + c * d, ks.k + j * ks.ldk, static_cast<std::size_t>(d) * sizeof(float));
+                    std::memcpy(gv + c * d, ks.v + j * ks.ldv, static_cast<std::size_t>(d) * sizeof(float));
                 }
+            }
             kptr = gk;
             vptr = gv;
             ldk = ldv = d;
         }
-        MapR Sm(S, nr, kc, Eigen::OuterStride<>(kc));
-        const CMapR Km(kptr, kc, d, Eigen::OuterStride<>(ldk));
-        const CMapR Vm(vptr, kc, d, Eigen::OuterStride<>(ldv));
-        Sm.noalias() = scale * (Qm * Km.transpose());
-        bool masked = false;
-        for (std::int64_t x = b; x < e; ++x) masked |= part[x] != 0;
-        for (std::int64_t r = 0; r < nr; ++r) {
-            float* srow = S + r * kc;
-            if (masked) {  // -inf outside the row's intervals, piece by piece (pieces ascending)
-                std::int64_t off = 0;
-                for (std::int64_t x = b; x < e; ++x) {
-                    const std::int64_t c0 = lo_[x], kx = hi_[x] - lo_[x];
-                    float* seg = srow + off;
-                    off += kx;
-                    if (!part[x]) continue;
-                    std::int64_t t = cur[static_cast<std::size_t>(r)];
-                    const std::int64_t tend = iv_off[static_cast<std::size_t>(r) + 1];
-                    while (t < tend && iv[static_cast<std::size_t>(t)].hi <= c0) ++t;
-                    cur[static_cast<std::size_t>(r)] = t;
-                    std::int64_t pos = 0;
-                    for (; t < tend && iv[static_cast<std::size_t>(t)].lo < c0 + kx; ++t) {
-                        const std::int64_t lo = std::max<std::int64_t>(iv[static_cast<std::size_t>(t)].lo - c0, 0);
-                        const std::int64_t hi = std::min<std::int64_t>(iv[static_cast<std::size_t>(t)].hi - c0, kx);
-                        std::fill(seg + pos, seg + lo, ninf);
-                        pos = hi;
-                    }
-                    std::fill(seg + pos, seg + kx, ninf);
+        const bool masked = ch.rows >= 0;
+        const RowGroup all{0, nr, kc};
+        const RowGroup* g = masked ? it.groups.data() + ch.grp0 : &all;
+        const RowGroup* gend = masked ? it.groups.data() + ch.grp1 : &all + 1;
+        for (; g != gend; ++g) {
+            const std::int64_t rows = g->r1 - g->r0, ext = g->ext;
+            if (ext == 0) continue;  // nothing allowed to these rows in this chunk
+            MapR Sm(S, rows, ext, Eigen::OuterStride<>(ext));
+            const CMapR Qm(Q + g->r0 * d, rows, d, Eigen::OuterStride<>(d));
+            const CMapR Km(kptr, ext, d, Eigen::OuterStride<>(ldk));
+            const CMapR Vm(vptr, ext, d, Eigen::OuterStride<>(ldv));
+            Sm.noalias() = scale * (Qm * Km.transpose());
+            for (std::int64_t r = g->r0; r < g->r1; ++r) {
+                float* srow = S + (r - g->r0) * ext;
+                std::int64_t cnt = ext;
+                if (masked) {
+                    cnt = it.cend[static_cast<std::size_t>(ch.rows + r)];
+                    const auto h0 = static_cast<std::size_t>(it.hole_off[static_cast<std::size_t>(ch.holes + r)]);
+                    const auto h1 = static_cast<std::size_t>(it.hole_off[static_cast<std::size_t>(ch.holes + r) + 1]);
+                    for (std::size_t x = h0; x < h1; ++x) std::fill(srow + it.holes[x].lo, srow + it.holes[x].hi, ninf);
                 }
+                if (cnt == 0) {
+                    std::fill(srow, srow + ext, 0.0f);
+                    continue;
+                }
+                const float mx = K::max(srow, cnt);
+                const float mnew = std::max(m[r], mx);
+                if (mnew == ninf) {  // only -inf scores so far (overflowed input): the row goes to double
+                    bad[r] = 1;
+                    std::fill(srow, srow + ext, 0.0f);
+                    continue;
+                }
+                const float alpha = m[r] == ninf ? 0.0f : std::exp(m[r] - mnew);
+                const float sum = K::exp_sub_sum(srow, cnt, mnew);  // exp(-inf) = 0 in the holes
+                std::fill(srow + cnt, srow + ext, 0.0f);
+                if (m[r] != ninf && alpha != 1.0f) K::scale(O + r * d, d, alpha);
+                l[r] = l[r] * alpha + sum;
+                m[r] = mnew;
             }
-            const float mx = K::max(srow, kc);
-            const float mnew = std::max(m[r], mx);
-            if (mnew == ninf) {  // nothing allowed so far in this row
-                std::fill(srow, srow + kc, 0.0f);
-                continue;
-            }
-            const float alpha = m[r] == ninf ? 0.0f : std::exp(m[r] - mnew);
-            const float sum = K::exp_sub_sum(srow, kc, mnew);  // exp(-inf) = 0 for masked entries
-            if (alpha != 1.0f) K::scale(O + r * d, d, alpha);
-            l[r] = l[r] * alpha + sum;
-            m[r] = mnew;
+            MapR Om(O + g->r0 * d, rows, d, Eigen::OuterStride<>(d));
+            Om.noalias() += Sm * Vm;
         }
-        Om.noalias() += Sm * Vm;
-        b = e;
     }
     for (std::int64_t r = 0; r < nr; ++r) {
         float* orow = O + r * d;
-        if (!(l[r] > 0.0f) || !std::isfinite(l[r])) {
-            sc.bad[static_cast<std::size_t>(r)] = 1;
+        if (bad[r] || !(l[r] > 0.0f) || !std::isfinite(l[r])) {
+            bad[r] = 1;
             continue;
         }
         K::scale(orow, d, 1.0f / l[r]);
         bool finite = true;
         for (std::int64_t c = 0; c < d; ++c) finite &= std::isfinite(orow[c]);
-        if (!finite) sc.bad[static_cast<std::size_t>(r)] = 1;
+        if (!finite) bad[r] = 1;
     }
+}
+
+// True when every key of `in` is in `out` (both ascending disjoint ranges).
+inline bool keys_within(const std::vector<KeyInterval>& in, const std::vector<KeyInterval>& out) {
+    std::size_t j = 0;
+    for (const auto& x : in) {
+        while (j < out.size() && out[j].hi <= x.lo) ++j;
+        if (j == out.size() || out[j].lo > x.lo || out[j].hi < x.hi) return false;
+    }
+    return true;
+}
+
+// True when heads a and b have the same template and the same block lists (then every work item is
+// the same for both).
+inline bool same_head_mask(const BlockMask& bm, std::int64_t a, std::int64_t b) {
+    if (!(bm.head_template[static_cast<std::size_t>(a)] == bm.head_template[static_cast<std::size_t>(b)])) return false;
+    const auto nq = static_cast<std::size_t>(bm.n_q_blocks);
+    const auto ra = static_cast<std::size_t>(a) * nq, rb = static_cast<std::size_t>(b) * nq;
+    auto same = [&](const std::vector<std::int64_t>& off, std::initializer_list<const std::vector<std::int64_t>*> vals) {
+        if (off[ra + nq] - off[ra] != off[rb + nq] - off[rb]) return false;
+        for (std::size_t x = 0; x <= nq; ++x)
+            if (off[ra + x] - off[ra] != off[rb + x] - off[rb]) return false;
+        for (const auto* v : vals)
+            if (!std::equal(v->begin() + off[ra], v->begin() + off[ra + nq], v->begin() + off[rb])) return false;
+        return true;
+    };
+    return same(bm.full_offsets, {&bm.full_indices}) &&
+           same(bm.partial_offsets, {&bm.partial_indices, &bm.partial_key_lo, &bm.partial_key_hi});
+}
+
+// The work of one call. Heads fall into classes (same_head_mask); each class's query blocks become
+// items: each block alone, except that small blocks (at most half the largest block's rows: the text
+// runs between images) whose listed keys contain the previous small block's are chained into one
+// item of up to twice the largest block's rows (a later text run sees every key an earlier one sees),
+// so their GEMMs run over many rows at once instead of a few. Every head runs every item of its class.
+struct MaskedPlan {
+    std::vector<std::int64_t> head_class;                 // [heads] class of each head
+    std::vector<std::int64_t> class_head;                 // a head of each class
+    std::vector<std::int64_t> class_items;                // [classes + 1] offsets into items
+    std::vector<std::vector<std::int64_t>> item_blocks;  // query blocks of each item
+    std::vector<MaskedItem> items;
+    std::int64_t max_rows = 1;
+};
+
+inline MaskedPlan masked_plan(const BlockMask& bm) {
+    MaskedPlan plan;
+    std::int64_t QB = 1;
+    for (std::int64_t b = 0; b < bm.n_q_blocks; ++b)
+        QB = std::max(QB, bm.q_block_start[static_cast<std::size_t>(b) + 1] - bm.q_block_start[static_cast<std::size_t>(b)]);
+    plan.head_class.assign(static_cast<std::size_t>(bm.heads), -1);
+    for (std::int64_t h = 0; h < bm.heads; ++h) {
+        for (std::size_t c = 0; c < plan.class_head.size() && plan.head_class[static_cast<std::size_t>(h)] < 0; ++c)
+            if (same_head_mask(bm, plan.class_head[c], h)) plan.head_class[static_cast<std::size_t>(h)] = static_cast<std::int64_t>(c);
+        if (plan.head_class[static_cast<std::size_t>(h)] < 0) {
+            plan.head_class[static_cast<std::size_t>(h)] = static_cast<std::int64_t>(plan.class_head.size());
+            plan.class_head.push_back(h);
+        }
+    }
+    std::vector<KeyInterval> prev, cur;
+    std::vector<double> costs;
+    plan.class_items.push_back(0);
+    for (const std::int64_t h : plan.class_head) {
+        std::int64_t chain = -1, chain_rows = 0;  // the open chain of small blocks (item index)
+        for (std::int64_t qb = 0; qb < bm.n_q_blocks; ++qb) {
+            const std::int64_t rows = bm.q_block_start[static_cast<std::size_t>(qb) + 1] - bm.q_block_start[static_cast<std::size_t>(qb)];
+            cur.clear();
+            listed_keys(bm, h, qb, cur);
+            double keys = 0;
+            for (const auto& x : cur) keys += static_cast<double>(x.hi - x.lo);
+            const double cost = static_cast<double>(rows) * keys;
+            if (2 * rows <= QB) {
+                if (chain >= 0 && chain_rows + rows <= 2 * QB && keys_within(prev, cur)) {
+                    plan.item_blocks[static_cast<std::size_t>(chain)].push_back(qb);
+                    costs[static_cast<std::size_t>(chain)] += cost;
+                    chain_rows += rows;
+                    prev.swap(cur);
+                    continue;
+                }
+                chain = static_cast<std::int64_t>(plan.item_blocks.size());
+                chain_rows = rows;
+                prev.swap(cur);
+            }
+            plan.item_blocks.push_back({qb});
+            costs.push_back(cost);
+        }
+        plan.class_items.push_back(static_cast<std::int64_t>(plan.item_blocks.size()));
+    }
+    plan.items.resize(plan.item_blocks.size());
+    for (std::size_t x = 0; x < plan.items.size(); ++x) {
+        plan.items[x].cost = costs[x];
+        std::int64_t rows = 0;
+        for (const auto qb : plan.item_blocks[x])
+            rows += bm.q_block_start[static_cast<std::size_t>(qb) + 1] - bm.q_block_start[static_cast<std::size_t>(qb)];
+        plan.max_rows = std::max(plan.max_rows, rows);
+    }
+    return plan;
 }
 
 template <class Arch, class TQ, class TK, class TO>
 void run_masked_attention(const View3<const TQ>& q, const View3<const TK>& k, const View3<const TK>& v,
-                          const BlockMask& bm, const View3<TO>& out, float scale) {
+                          const BlockMask& bm, const View3<TO>& out, float scale, Blocking blocking = {},
+                          std::int64_t pack_bytes = kMaskedPackBytes) {
     const std::int64_t n = q.shape[0], H = q.shape[1], d = q.shape[2], Hkv = k.shape[1];
-    const std::int64_t group = H / Hkv, KB = bm.k_block;
-    std::int64_t QB = 1;  // largest query block
-    for (std::int64_t b = 0; b < bm.n_q_blocks; ++b)
-        QB = std::max(QB, bm.q_block_start[static_cast<std::size_t>(b) + 1] - bm.q_block_start[static_cast<std::size_t>(b)]);
+    const std::int64_t group = H / Hkv;
+    // Chunks of kt to 2 kt - 1 keys in place, gathered chunks of at most kt keys.
+    const std::int64_t kt = std::max<std::int64_t>(1, blocking.k_chunk);
+    MaskedPlan plan = masked_plan(bm);
     const bool in_place = usable_in_place(k) && usable_in_place(v);
-    std::vector<float> kp, vp;
-    if (!in_place) {
-        kp.resize(static_cast<std::size_t>(n * d));
-        vp.resize(static_cast<std::size_t>(n * d));
-    }
+    // KV heads are packed in groups, into a ring of two slots of at most pack_bytes together (one head
+    // per slot at least): group p + 1 is packed while group p runs. Read in place: one group.
+    const std::int64_t head_bytes = 2 * n * d * static_cast<std::int64_t>(sizeof(float));
+    const std::int64_t heads_per_pack =
+        in_place ? Hkv : std::clamp<std::int64_t>(pack_bytes / std::max<std::int64_t>(2 * head_bytes, 1), 1, Hkv);
+    const std::int64_t n_groups = (Hkv + heads_per_pack - 1) / heads_per_pack;
     const int nthreads = max_threads();
-    std::vector<Scratch> scratch(static_cast<std::size_t>(nthreads));
-    // Keys per GEMM: contiguous listed blocks are merged up to the dense engine's chunk (or one block).
-    const std::int64_t kc_max = std::min(n, std::max(KB, kKChunk));
-    for (auto& s : scratch) s.reserve(QB, d, kc_max);
-    struct Extra {
-        std::vector<KeyInterval> iv, row_iv;
-        std::vector<std::int64_t> iv_off, blocks, his, keys;
-        std::vector<std::uint8_t> part;
-        std::vector<float> gk, gv;  // gathered keys / values of a chunk of short ranges
+    // Work: (item, heads of its class in the pack group): the query rows and outputs of one token for
+    // several heads lie together in token-major views. Within a group the most expensive first (the
+    // group then ends on small ones); heads are split further when there would be fewer than 8 pieces
+    // of work per thread.
+    struct Work {
+        std::int64_t item, h0, nh;  // heads work_heads[h0 : h0 + nh)
+        double cost;
     };
-    std::vector<Extra> extra(static_cast<std::size_t>(nthreads));
-    for (auto& x : extra) {
-        x.gk.resize(static_cast<std::size_t>(kc_max * d));
-        x.gv.resize(static_cast<std::size_t>(kc_max * d));
+    std::vector<Work> work;
+    std::vector<std::int64_t> work_heads, group_work(1, 0), class_heads;
+    std::int64_t max_nh = 1;
+    for (std::int64_t p = 0; p < n_groups; ++p) {
+        const std::int64_t ha = p * heads_per_pack * group, hb = std::min(Hkv, (p + 1) * heads_per_pack) * group;
+        class_heads.assign(1, static_cast<std::int64_t>(work_heads.size()));
+        std::int64_t per = 1;  // heads per piece of work
+        for (std::size_t c = 0; c < plan.class_head.size(); ++c) {
+            for (std::int64_t h = ha; h < hb; ++h)
+                if (plan.head_class[static_cast<std::size_t>(h)] == static_cast<std::int64_t>(c)) work_heads.push_back(h);
+            class_heads.push_back(static_cast<std::int64_t>(work_heads.size()));
+            per = std::max(per, class_heads[c + 1] - class_heads[c]);
+        }
+        auto pieces = [&](std::int64_t x) {
+            std::int64_t total = 0;
+            for (std::size_t c = 0; c < plan.class_head.size(); ++c)
+                total += (plan.class_items[c + 1] - plan.class_items[c]) * ((class_heads[c + 1] - class_heads[c] + x - 1) / x);
+            return total;
+        };
+        while (per > 1 && pieces(per) < 8 * static_cast<std::int64_t>(nthreads)) per = (per + 1) / 2;
+        const auto w0 = static_cast<std::ptrdiff_t>(work.size());
+        for (std::size_t c = 0; c < plan.class_head.size(); ++c) {
+            const std::int64_t nh = class_heads[c + 1] - class_heads[c];
+            for (std::int64_t x = plan.class_items[c]; x < plan.class_items[c + 1]; ++x)
+                for (std::int64_t e = 0; e < nh; e += per) {
+                    const std::int64_t cnt = std::min(per, nh - e);
+                    work.push_back({x, class_heads[c] + e, cnt, plan.items[static_cast<std::size_t>(x)].cost * static_cast<double>(cnt)});
+                    max_nh = std::max(max_nh, cnt);
+                }
+        }
+        std::stable_sort(work.begin() + w0, work.end(), [](const Work& x, const Work& y) { return x.cost > y.cost; });
+        group_work.push_back(static_cast<std::int64_t>(work.size()));
     }
+    // One list of tasks taken in order by every thread, no barrier: build every item, then per group
+    // p: pack it (after the work of group p - 2, which used the same slot), run its work (after its
+    // packing and every build). A task waits only for earlier tasks, so the list cannot deadlock.
     constexpr std::int64_t kPackRows = 256;
+    const std::int64_t pack_chunks = in_place ? 0 : (n + kPackRows - 1) / kPackRows;
+    struct Task {
+        std::int8_t kind;  // 0 build item a, 1 pack rows chunk a of group b, 2 work a of group b
+        std::int64_t a, b;
+    };
+    std::vector<Task> tasks;
+    for (std::int64_t x = 0; x < static_cast<std::int64_t>(plan.items.size()); ++x) tasks.push_back({0, x, 0});
+    for (std::int64_t c = 0; c < pack_chunks; ++c) tasks.push_back({1, c, 0});
+    for (std::int64_t p = 0; p < n_groups; ++p) {
+        // The packing of the next group spread over this group's work (in the first half), so that it
+        // overlaps with the GEMMs of other threads instead of all threads packing at once.
+        const std::int64_t w0 = group_work[static_cast<std::size_t>(p)], w1 = group_work[static_cast<std::size_t>(p) + 1];
+        const std::int64_t next_chunks = p + 1 < n_groups ? pack_chunks : 0, span = std::max<std::int64_t>(1, (w1 - w0) / 2);
+        std::int64_t c = 0;
+        for (std::int64_t x = w0; x < w1; ++x) {
+            tasks.push_back({2, x, p});
+            for (const std::int64_t due = std::min(next_chunks, (x - w0 + 1) * next_chunks / span); c < due; ++c)
+                tasks.push_back({1, c, p + 1});
+        }
+        for (; c < next_chunks; ++c) tasks.push_back({1, c, p + 1});
+    }
+    std::atomic<std::int64_t> next{0}, built{0};
+    std::vector<std::atomic<std::int64_t>> packed_chunks(static_cast<std::size_t>(n_groups)), done_work(static_cast<std::size_t>(n_groups));
+    for (std::int64_t p = 0; p < n_groups; ++p) {
+        packed_chunks[static_cast<std::size_t>(p)].store(0, std::memory_order_relaxed);
+        done_work[static_cast<std::size_t>(p)].store(0, std::memory_order_relaxed);
+    }
+    auto wait_for = [](const std::atomic<std::int64_t>& c, std::int64_t target) {
+        while (c.load(std::memory_order_acquire) < target) std::this_thread::yield();
+    };
+
+    // The ring: slot s holds K of heads_per_pack heads, then their V; written before read (no zero fill).
+    const std::int64_t slots = std::min<std::int64_t>(2, n_groups), slot_floats = heads_per_pack * n * d;
+    std::unique_ptr<float[]> ring(in_place ? nullptr : new float[static_cast<std::size_t>(2 * slots * slot_floats)]);
+    auto slot_k = [&](std::int64_t p) { return in_place ? nullptr : ring.get() + (p % slots) * 2 * slot_floats; };
+    auto slot_v = [&](std::int64_t p) { return in_place ? nullptr : ring.get() + (p % slots) * 2 * slot_floats + slot_floats; };
+
+    const std::int64_t R = plan.max_rows, S_cols = std::min(n, 2 * kt - 1), G_rows = std::min(n, kt);
+    struct Buffers {
+        std::vector<float> q, o, s, m, l, gk, gv;
+        std::vector<std::uint8_t> bad;
+        std::vector<double> dp, dout;
+        std::vector<KeyInterval> row_iv;
+        std::vector<std::int64_t> keys;
+        std::vector<KeySet> ks;
+        MaskedScratch build;
+    };
+    std::vector<Buffers> buffers(static_cast<std::size_t>(nthreads));
+    for (auto& B : buffers) {
+        const auto rows = static_cast<std::size_t>(max_nh * R);
+        B.q.resize(rows * static_cast<std::size_t>(d));
+        B.o.resize(rows * static_cast<std::size_t>(d));
+        B.m.resize(rows);
+        B.l.resize(rows);
+        B.bad.resize(rows);
+        B.s.resize(static_cast<std::size_t>(R * S_cols));
+        B.gk.resize(static_cast<std::size_t>(G_rows * d));
+        B.gv.resize(static_cast<std::size_t>(G_rows * d));
+        B.dout.resize(static_cast<std::size_t>(d));
+        B.ks.resize(static_cast<std::size_t>(heads_per_pack));
+    }
+    // Streaming stores for outputs well beyond the caches (smaller ones may be read back soon).
+    const bool stream_out = n * H * d * static_cast<std::int64_t>(sizeof(TO)) >= kMaskedStreamBytes;
     ErrorSlot err;
 
     VLSPARSE_OMP(omp parallel num_threads(nthreads))
     {
-        Scratch& sc = scratch[static_cast<std::size_t>(thread_id())];
-        Extra& ex = extra[static_cast<std::size_t>(thread_id())];
-        for (std::int64_t g = 0; g < Hkv; ++g) {
-            KeySet ks;
-            ks.n = n;
-            if (in_place) {
-                ks.k = in_place_rows(k, g);
-                ks.ldk = n == 1 ? d : k.stride[0];
-                ks.v = in_place_rows(v, g);
-                ks.ldv = n == 1 ? d : v.stride[0];
-            } else {
-                ks.k = kp.data();
-                ks.v = vp.data();
-                ks.ldk = ks.ldv = d;
-                const std::int64_t nchunks = (n + kPackRows - 1) / kPackRows;
-                VLSPARSE_OMP(omp for schedule(static))
-                for (std::int64_t c = 0; c < nchunks; ++c) {
-                    err.run([&] {
-                        const std::int64_t t0 = c * kPackRows, t1 = std::min(n, t0 + kPackRows);
-                        pack_rows(k, g, nullptr, t0, t1, kp.data());
-                        pack_rows(v, g, nullptr, t0, t1, vp.data());
-                    });
-                }
-            }
-            const std::int64_t items = bm.n_q_blocks * group;
-            VLSPARSE_OMP(omp for schedule(dynamic, 1))
-            for (std::int64_t w = 0; w < items; ++w) {
+        Buffers& B = buffers[static_cast<std::size_t>(thread_id())];
+        for (std::int64_t t = next.fetch_add(1); t < static_cast<std::int64_t>(tasks.size()); t = next.fetch_add(1)) {
+            const Task task = tasks[static_cast<std::size_t>(t)];
+            const auto p = static_cast<std::size_t>(task.b);
+            const std::int64_t g0 = task.b * heads_per_pack, g1 = std::min(Hkv, g0 + heads_per_pack);
+            if (task.kind == 0) {
+                auto& it = plan.items[static_cast<std::size_t>(task.a)];
+                bool ok = false;
                 err.run([&] {
-                    const std::int64_t h = g * group + w % group;
-                    const std::int64_t qb = bm.n_q_blocks - 1 - w / group;  // later blocks first (more keys)
-                    const std::int64_t r0 = bm.q_block_start[static_cast<std::size_t>(qb)];
-                    const std::int64_t nr = bm.q_block_start[static_cast<std::size_t>(qb) + 1] - r0;
-                    const MaskTemplate t = bm.head_template[static_cast<std::size_t>(h)];
-                    // Merge the full and partial key blocks in ascending order.
-                    const auto full = bm.full(h, qb), partial = bm.partial(h, qb);
-                    const auto prow = static_cast<std::size_t>(h * bm.n_q_blocks + qb);
-                    const std::int64_t p0 = bm.partial_offsets[prow];
-                    ex.blocks.clear();
-                    ex.his.clear();
-                    ex.part.clear();
-                    std::size_t a = 0, b = 0;
-                    while (a < full.size() || b < partial.size()) {
-                        const bool take_full = b == partial.size() || (a < full.size() && full[a] < partial[b]);
-                        if (take_full) {
-                            ex.blocks.push_back(full[a] * KB);
-                            ex.his.push_back(std::min(n, (full[a] + 1) * KB));
-                            ++a;
-                        } else {
-                            ex.blocks.push_back(bm.partial_key_lo[static_cast<std::size_t>(p0) + b]);
-                            ex.his.push_back(bm.partial_key_hi[static_cast<std::size_t>(p0) + b]);
-                            ++b;
-                        }
-                        ex.part.push_back(take_full ? 0 : 1);
-                        // Contiguous ranges merge into chunks of up to kc_max keys (fewer, larger GEMMs);
-                        // a merged chunk is masked when any piece of it is partial.
-                        const std::size_t m = ex.blocks.size();
-                        if (m >= 2 && ex.his[m - 2] == ex.blocks[m - 1] && ex.his[m - 1] - ex.blocks[m - 2] <= kc_max) {
-                            ex.his[m - 2] = ex.his[m - 1];
-                            ex.part[m - 2] = static_cast<std::uint8_t>(ex.part[m - 2] | ex.part[m - 1]);
-                            ex.blocks.pop_back();
-                            ex.his.pop_back();
-                            ex.part.pop_back();
-                        }
+                    const auto c = static_cast<std::size_t>(
+                        std::upper_bound(plan.class_items.begin(), plan.class_items.end(), task.a) - plan.class_items.begin() - 1);
+                    const auto& qbs = plan.item_blocks[static_cast<std::size_t>(task.a)];
+                    item_key_lists(bm, plan.class_head[c], qbs.data(), static_cast<std::int64_t>(qbs.size()), it, B.build);
+                    item_chunks(kt, it, B.build);
+                    item_chunk_rows(it, B.build);
+                    ok = true;
+                });
+                if (!ok) it = MaskedItem{};  // the error is rethrown after the region; no rows to run
+                built.fetch_add(1, std::memory_order_release);
+            } else if (task.kind == 1) {
+                if (task.b >= slots)
+                    wait_for(done_work[p - static_cast<std::size_t>(slots)],
+                             group_work[p - static_cast<std::size_t>(slots) + 1] - group_work[p - static_cast<std::size_t>(slots)]);
+                err.run([&] {
+                    pack_kv_rows(k, v, g0, g1, nullptr, n, task.a * kPackRows, std::min(n, (task.a + 1) * kPackRows),
+                                 slot_k(task.b), slot_v(task.b));
+                });
+                packed_chunks[p].fetch_add(1, std::memory_order_release);
+            } else {
+                wait_for(built, static_cast<std::int64_t>(plan.items.size()));
+                wait_for(packed_chunks[p], pack_chunks);
+                err.run([&] {
+                    kv_key_sets(k, v, g0, g1, n, in_place, slot_k(task.b), slot_v(task.b), B.ks.data());
+                    const Work& wk = work[static_cast<std::size_t>(task.a)];
+                    const MaskedItem& it = plan.items[static_cast<std::size_t>(wk.item)];
+                    const std::int64_t* heads = work_heads.data() + wk.h0;
+                    const auto nr = static_cast<std::int64_t>(it.pos.size());
+                    for (std::int64_t r = 0; r < nr; ++r)
+                        for (std::int64_t e = 0; e < wk.nh; ++e)
+                            widen_row(q.row(it.pos[static_cast<std::size_t>(r)], heads[e]), q.stride[2],
+                                      B.q.data() + (e * nr + r) * d, d);
+                    for (std::int64_t e = 0; e < wk.nh; ++e) {
+                        const std::int64_t g = heads[e] / group;
+                        attend_item<Arch>(B.q.data() + e * nr * d, d, B.ks[static_cast<std::size_t>(g - g0)], scale, it,
+                                          B.o.data() + e * nr * d, B.s.data(), B.m.data() + e * nr, B.l.data() + e * nr,
+                                          B.bad.data() + e * nr, B.gk.data(), B.gv.data());
                     }
-                    // Rows' key intervals (needed for partial blocks and the double fallback).
-                    ex.iv.clear();
-                    ex.iv_off.assign(1, 0);
                     for (std::int64_t r = 0; r < nr; ++r) {
-                        if (!partial.empty()) {
-                            bm.context.row_intervals(t, r0 + r, ex.row_iv);
-                            ex.iv.insert(ex.iv.end(), ex.row_iv.begin(), ex.row_iv.end());
-                        }
-                        ex.iv_off.push_back(static_cast<std::int64_t>(ex.iv.size()));
-                        widen_row(q.row(r0 + r, h), q.stride[2], sc.q.data() + r * d, d);
-                    }
-                    attend_block_masked<Arch>(sc.q.data(), nr, d, ks, ex.blocks.data(), ex.his.data(), ex.part.data(),
-                                              static_cast<std::int64_t>(ex.blocks.size()), ex.iv, ex.iv_off, scale,
-                                              kc_max, ex.gk.data(), ex.gv.data(), sc);
-                    for (std::int64_t r = 0; r < nr; ++r) {
-                        const std::int64_t i = r0 + r;
-                        TO* dst = out.row(i, h);
-                        if (sc.bad[static_cast<std::size_t>(r)]) {
-                            bm.context.row_intervals(t, i, ex.row_iv);
-                            ex.keys.clear();
-                            for (const auto& x : ex.row_iv)
-                                for (std::int64_t j = x.lo; j < x.hi; ++j) ex.keys.push_back(j);
-                            attend_row_double(q.row(i, h), q.stride[2], k, v, g, ex.keys.data(),
-                                              static_cast<std::int64_t>(ex.keys.size()), static_cast<double>(scale),
-                                              sc.dp, sc.dout.data());
-                            for (std::int64_t c = 0; c < d; ++c)
-                                store(dst[c * out.stride[2]], sc.dout[static_cast<std::size_t>(c)]);
-                        } else {
-                            store_row(dst, out.stride[2], sc.o.data() + r * d, d);
+                        const std::int64_t i = it.pos[static_cast<std::size_t>(r)];
+                        for (std::int64_t e = 0; e < wk.nh; ++e) {
+                            const std::int64_t h = heads[e];
+                            TO* dst = out.row(i, h);
+                            if (!B.bad[static_cast<std::size_t>(e * nr + r)]) {
+                                if (stream_out) store_row_stream(dst, out.stride[2], B.o.data() + (e * nr + r) * d, d);
+                                else store_row(dst, out.stride[2], B.o.data() + (e * nr + r) * d, d);
+                                continue;
+                            }
+                            bm.context.row_intervals(bm.head_template[static_cast<std::size_t>(h)], i, B.row_iv);
+                            B.keys.clear();
+                            for (const auto& y : B.row_iv)
+                                for (std::int64_t j = y.lo; j < y.hi; ++j) B.keys.push_back(j);
+                            attend_row_double(q.row(i, h), q.stride[2], k, v, h / group, B.keys.data(),
+                                              static_cast<std::int64_t>(B.keys.size()), static_cast<double>(scale), B.dp,
+                                              B.dout.data());
+                            for (std::int64_t c = 0; c < d; ++c) store(dst[c * out.stride[2]], B.dout[static_cast<std::size_t>(c)]);
                         }
                     }
                 });
+                if (stream_out) stream_fence();
+                done_work[p].fetch_add(1, std::memory_order_release);
             }
         }
     }
