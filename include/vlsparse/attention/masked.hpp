@@ -490,9 +490,7 @@ void attend_item(const float* Q, std::int64_t d, const KeySet& ks, float scale, 
             continue;
         }
         K::scale(orow, d, 1.0f / l[r]);
-        bool finite = true;
-        for (std::int64_t c = 0; c < d; ++c) finite &= std::isfinite(orow[c]);
-        if (!finite) bad[r] = 1;
+        if (!K::all_finite(orow, d)) bad[r] = 1;
     }
 }
 
