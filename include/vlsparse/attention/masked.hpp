@@ -648,9 +648,10 @@ void run_masked_attention(const View3<const TQ>& q, const View3<const TK>& k, co
         std::stable_sort(work.begin() + w0, work.end(), [](const Work& x, const Work& y) { return x.cost > y.cost; });
         group_work.push_back(static_cast<std::int64_t>(work.size()));
     }
-    // One list of tasks taken in order by every thread, no barrier: build every item, then per group
-    // p: pack it (after the work of group p - 2, which used the same slot), run its work (after its
-    // packing and every build). A task waits only for earlier tasks, so the list cannot deadlock.
+    // One list of tasks taken in order by every thread, no barrier: build every item and pack group
+    // 0, then per group p its work (which waits for its packing and every build), with the packing of
+    // group p + 1 spread over the first half of it (which waits for the work of group p - 1, the last
+    // user of the same slot). A task waits only for earlier tasks, so the list cannot deadlock.
     constexpr std::int64_t kPackRows = 256;
     const std::int64_t pack_chunks = in_place ? 0 : (n + kPackRows - 1) / kPackRows;
     struct Task {
@@ -661,8 +662,7 @@ void run_masked_attention(const View3<const TQ>& q, const View3<const TK>& k, co
     for (std::int64_t x = 0; x < static_cast<std::int64_t>(plan.items.size()); ++x) tasks.push_back({0, x, 0});
     for (std::int64_t c = 0; c < pack_chunks; ++c) tasks.push_back({1, c, 0});
     for (std::int64_t p = 0; p < n_groups; ++p) {
-        // The packing of the next group spread over this group's work (in the first half), so that it
-        // overlaps with the GEMMs of other threads instead of all threads packing at once.
+        // The next group's packing overlaps with other threads' GEMMs instead of all threads packing at once.
         const std::int64_t w0 = group_work[static_cast<std::size_t>(p)], w1 = group_work[static_cast<std::size_t>(p) + 1];
         const std::int64_t next_chunks = p + 1 < n_groups ? pack_chunks : 0, span = std::max<std::int64_t>(1, (w1 - w0) / 2);
         std::int64_t c = 0;
