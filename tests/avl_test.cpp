@@ -9,6 +9,7 @@
 #include <vlsparse/policies/avl.hpp>
 #include <vlsparse/reference/avl.hpp>
 
+#include "golden_util.hpp"
 #include "test_util.hpp"
 
 using namespace vlsparse;
@@ -623,18 +624,7 @@ void check_avl_case(const std::filesystem::path& dir, const char* backend) {
     REQUIRE(inputs.steps == 12);
     REQUIRE(inputs.params.refresh_every == 3);
     const auto outputs = golden::run_avl_case<Backend>(inputs);
-    std::set<std::string> produced;
-    for (const auto& o : outputs) {
-        produced.insert(o.name);
-        const GoldenTensor& spec = m.output(o.name);
-        const auto [metric, tol] = golden::avl_output_metric(o.name);
-        REQUIRE(spec.metric == metric);
-        REQUIRE(spec.tol == tol);
-        const CompareResult r = compare(spec, read_tensor(dir, spec), o.array);
-        INFO("output " << o.name << ": " << r.detail);
-        REQUIRE(r.pass);
-    }
-    REQUIRE(produced.size() == m.outputs.size());
+    vt::check_golden_outputs(dir, m, outputs, golden::avl_output_metric);
 }
 
 }  // namespace

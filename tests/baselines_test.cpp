@@ -13,6 +13,7 @@
 #include <vlsparse/reference/baselines.hpp>
 #include <vlsparse/reference/indexed_decode.hpp>
 
+#include "golden_util.hpp"
 #include "test_util.hpp"
 
 using namespace vlsparse;
@@ -20,14 +21,7 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-template <class T>
-struct Qkv {
-    std::int64_t n, H, Hkv, d;
-    std::vector<T> q, k, v;
-    View3<const T> qv() const { return {q.data(), {n, H, d}}; }
-    View3<const T> kv() const { return {k.data(), {n, Hkv, d}}; }
-    View3<const T> vv() const { return {v.data(), {n, Hkv, d}}; }
-};
+using vt::Qkv;
 
 // Random Q/K/V with a shared direction on every 13th key, so the attention is peaked.
 template <class T>
@@ -728,18 +722,7 @@ void check_baselines_case(const std::filesystem::path& dir, const char* backend)
     GoldenManifest m;
     const auto inputs = golden::read_baselines_inputs(dir, &m);
     const auto outputs = golden::run_baselines_case<Backend>(inputs);
-    std::set<std::string> produced;
-    for (const auto& o : outputs) {
-        produced.insert(o.name);
-        const GoldenTensor& spec = m.output(o.name);
-        const auto [metric, tol] = golden::baselines_output_metric(o.name);
-        REQUIRE(spec.metric == metric);
-        REQUIRE(spec.tol == tol);
-        const CompareResult r = compare(spec, read_tensor(dir, spec), o.array);
-        INFO("output " << o.name << ": " << r.detail);
-        REQUIRE(r.pass);
-    }
-    REQUIRE(produced.size() == m.outputs.size());
+    vt::check_golden_outputs(dir, m, outputs, golden::baselines_output_metric);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include <vlsparse/reference/blindsight.hpp>
 #include <vlsparse/reference/blindsight_golden.hpp>
 
+#include "golden_util.hpp"
 #include "test_util.hpp"
 
 using namespace vlsparse;
@@ -44,14 +45,7 @@ std::vector<MaskOptions> option_sets() {
     return r;
 }
 
-template <class T>
-struct Qkv {
-    std::int64_t n, H, Hkv, d;
-    std::vector<T> q, k, v;
-    View3<const T> qv() const { return {q.data(), {n, H, d}}; }
-    View3<const T> kv() const { return {k.data(), {n, Hkv, d}}; }
-    View3<const T> vv() const { return {v.data(), {n, Hkv, d}}; }
-};
+using vt::Qkv;
 template <class T>
 Qkv<T> make_qkv(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::int64_t d, std::uint64_t seed) {
     return {n, H, Hkv, d, vt::random_buffer<T>(static_cast<std::size_t>(n * H * d), seed, 1.0f),
@@ -616,18 +610,7 @@ void check_golden_case(const std::filesystem::path& dir, const char* backend) {
     INFO("case " << dir.string() << ", backend " << backend);
     GoldenManifest m;
     const auto inputs = golden::read_blindsight_inputs(dir, &m);
-    std::set<std::string> produced;
-    for (const auto& o : golden::run_blindsight_case<Backend>(inputs)) {
-        produced.insert(o.name);
-        const GoldenTensor& spec = m.output(o.name);
-        const auto [metric, tol] = golden::blindsight_output_metric(o.name);
-        REQUIRE(spec.metric == metric);
-        REQUIRE(spec.tol == tol);
-        const CompareResult r = compare(spec, read_tensor(dir, spec), o.array);
-        INFO("output " << o.name << ": " << r.detail);
-        REQUIRE(r.pass);
-    }
-    for (const auto& t : m.outputs) REQUIRE(produced.count(t.name) == 1);
+    vt::check_golden_outputs(dir, m, golden::run_blindsight_case<Backend>(inputs), golden::blindsight_output_metric);
 }
 
 }  // namespace

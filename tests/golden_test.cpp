@@ -11,6 +11,8 @@
 #include <vlsparse/reference/zipvl.hpp>
 #include <vlsparse/reference/zipvl_golden.hpp>
 
+#include "golden_util.hpp"
+
 namespace fs = std::filesystem;
 using namespace vlsparse;
 
@@ -52,18 +54,7 @@ void check_case(const fs::path& dir, const char* backend) {
     GoldenManifest m;
     const auto inputs = golden::read_zipvl_inputs(dir, &m);
     const auto outputs = golden::run_zipvl_case<Backend>(inputs);
-    std::set<std::string> produced;
-    for (const auto& o : outputs) {
-        produced.insert(o.name);
-        const GoldenTensor& spec = m.output(o.name);
-        const auto [metric, tol] = golden::zipvl_output_metric(o.name);
-        REQUIRE(spec.metric == metric);  // the manifest states the metric the library documents
-        REQUIRE(spec.tol == tol);
-        const CompareResult r = compare(spec, read_tensor(dir, spec), o.array);
-        INFO("output " << o.name << ": " << r.detail);
-        REQUIRE(r.pass);
-    }
-    for (const auto& t : m.outputs) REQUIRE(produced.count(t.name) == 1);
+    vt::check_golden_outputs(dir, m, outputs, golden::zipvl_output_metric);
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include <vlsparse/reference/purekv.hpp>
 #include <vlsparse/reference/purekv_golden.hpp>
 
+#include "golden_util.hpp"
 #include "test_util.hpp"
 
 using namespace vlsparse;
@@ -96,14 +97,7 @@ std::vector<VideoMaskOptions> video_option_sets() {
 }
 
 // ---------------------------------------------------------------------------------------------------
-template <class T>
-struct Qkv {
-    std::int64_t n, H, Hkv, d;
-    std::vector<T> q, k, v;
-    View3<const T> qv() const { return {q.data(), {n, H, d}}; }
-    View3<const T> kv() const { return {k.data(), {n, Hkv, d}}; }
-    View3<const T> vv() const { return {v.data(), {n, Hkv, d}}; }
-};
+using vt::Qkv;
 
 // Random Q/K/V with a few "heavy" keys (every 11th position gets +3u, queries +1.5u) so the window
 // attention is peaked like a real model's, and V rows of varying magnitude.
@@ -795,18 +789,7 @@ void check_golden(const std::filesystem::path& dir, const char* backend) {
     INFO("case " << dir.string() << ", backend " << backend);
     GoldenManifest m;
     const auto c = golden::read_purekv_inputs(dir, &m);
-    std::set<std::string> produced;
-    for (const auto& o : golden::run_purekv_case<Estimator>(c)) {
-        produced.insert(o.name);
-        const GoldenTensor& spec = m.output(o.name);
-        const auto [metric, tol] = golden::purekv_output_metric(o.name);
-        REQUIRE(spec.metric == metric);
-        REQUIRE(spec.tol == tol);
-        const CompareResult r = compare(spec, read_tensor(dir, spec), o.array);
-        INFO("output " << o.name << ": " << r.detail);
-        REQUIRE(r.pass);
-    }
-    for (const auto& t : m.outputs) REQUIRE(produced.count(t.name) == 1);
+    vt::check_golden_outputs(dir, m, golden::run_purekv_case<Estimator>(c), golden::purekv_output_metric);
 }
 }  // namespace
 

@@ -67,3 +67,17 @@ struct Tol {
 inline constexpr Tol kFastVsReference{1e-9, 1e-5};
 
 }  // namespace vt
+
+namespace vt {
+
+// Q [n, H, d], K and V [n, H_kv, d] of one prefill, token-major, owned.
+template <class T>
+struct Qkv {
+    std::int64_t n, H, Hkv, d;
+    std::vector<T> q, k, v;
+    vlsparse::View3<const T> qv() const { return {q.data(), {n, H, d}}; }
+    vlsparse::View3<const T> kv() const { return {k.data(), {n, Hkv, d}}; }
+    vlsparse::View3<const T> vv() const { return {v.data(), {n, Hkv, d}}; }
+};
+
+}  // namespace vt

@@ -17,14 +17,7 @@ using namespace vlsparse;
 
 namespace {
 
-template <class T>
-struct Qkv {
-    std::int64_t n, H, Hkv, d;
-    std::vector<T> q, k, v;
-    View3<const T> qv() const { return {q.data(), {n, H, d}}; }
-    View3<const T> kv() const { return {k.data(), {n, Hkv, d}}; }
-    View3<const T> vv() const { return {v.data(), {n, Hkv, d}}; }
-};
+using vt::Qkv;
 
 // Random Q/K/V with a few "sink" keys so the attention is peaked like a real model's (otherwise a
 // random input has near-uniform attention and every p is close to n).

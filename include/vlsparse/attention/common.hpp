@@ -72,6 +72,14 @@ void check_qkv(const View3<const TQ>& q, const View3<const TK>& k, const View3<c
             " KV heads (GQA needs H % H_kv == 0)");
 }
 
+// Q [n, H, d] and K [n, H_kv, d] of one prefill (queries and keys of the same tokens).
+template <class TQ, class TK>
+void check_prefill_qk(const View3<const TQ>& q, const View3<const TK>& k, const char* fn) {
+    check_qkv(q, k, k, fn);
+    require(q.shape[0] == k.shape[0], fn, "q has ", q.shape[0], " tokens and k has ", k.shape[0],
+            ", expected equal (prefill)");
+}
+
 template <class TO, class TQ, class TK>
 void check_out3(const View3<TO>& out, std::array<std::int64_t, 3> expect, const View3<const TQ>& q,
                 const View3<const TK>& k, const View3<const TK>& v, const char* fn, const char* name) {

@@ -24,20 +24,11 @@
 
 namespace vlsparse::simd {
 
-namespace detail {
-template <class TQ, class TK>
-void check_prefill_qk(const View3<const TQ>& q, const View3<const TK>& k, const char* fn) {
-    ::vlsparse::detail::check_qkv(q, k, k, fn);
-    ::vlsparse::detail::require(q.shape[0] == k.shape[0], fn, "q has ", q.shape[0], " tokens and k has ", k.shape[0],
-                                ", expected equal (prefill)");
-}
-}  // namespace detail
-
 // H2O's accumulated attention over the causal prefill: [G][n], G = H_kv (kv_head) or 1 (layer).
 template <ElementType TQ, ElementType TK>
 std::vector<std::vector<double>> h2o_scores(View3<const TQ> q, View3<const TK> k, BaselineGroups groups,
                                             const AttentionOptions& opt = {}) {
-    detail::check_prefill_qk(q, k, "simd::h2o_scores");
+    ::vlsparse::detail::check_prefill_qk(q, k, "simd::h2o_scores");
     auto acc = avl_h2o_scores(q, k, AvlTextGroups::per_kv_head, opt);
     if (groups == BaselineGroups::layer) {
         for (std::size_t g = 1; g < acc.size(); ++g)
@@ -60,7 +51,7 @@ template <ElementType TQ, ElementType TK>
 std::vector<std::vector<double>> snapkv_window_scores(View3<const TQ> q, View3<const TK> k, std::int64_t window,
                                                       BaselineGroups groups, const AttentionOptions& opt = {}) {
     constexpr const char* fn = "simd::snapkv_window_scores";
-    detail::check_prefill_qk(q, k, fn);
+    ::vlsparse::detail::check_prefill_qk(q, k, fn);
     const std::int64_t n = q.shape[0], H = q.shape[1], d = q.shape[2], Hkv = k.shape[1], qpk = H / Hkv;
     ::vlsparse::detail::require(window >= 1 && window <= n, fn, "window = ", window, ", expected 1 <= window <= n = ", n);
     if (opt.check_finite) {
@@ -115,7 +106,7 @@ template <ElementType TQ, ElementType TK>
 TokenSelection snapkv_select(View3<const TQ> q, View3<const TK> k, const SnapKVParams& P) {
     constexpr const char* fn = "simd::snapkv_select";
     P.validate(fn);
-    detail::check_prefill_qk(q, k, fn);
+    ::vlsparse::detail::check_prefill_qk(q, k, fn);
     const std::int64_t n = q.shape[0];
     ::vlsparse::detail::require(P.window <= n, fn, "window = ", P.window, " is larger than the prompt (n = ", n,
                                 "), expected 1 <= window <= n");
@@ -128,7 +119,7 @@ TokenSelection snapkv_select(View3<const TQ> q, View3<const TK> k, const SnapKVP
 // FastV's score: the last row's attention averaged over every query head (n values).
 template <ElementType TQ, ElementType TK>
 std::vector<double> fastv_scores(View3<const TQ> q, View3<const TK> k, const AttentionOptions& opt = {}) {
-    detail::check_prefill_qk(q, k, "simd::fastv_scores");
+    ::vlsparse::detail::check_prefill_qk(q, k, "simd::fastv_scores");
     return avl_scores(q, k, opt);
 }
 
@@ -138,7 +129,7 @@ template <ElementType TQ, ElementType TK>
 TokenSelection fastv_select(View3<const TQ> q, View3<const TK> k, const Layout& layout, const FastVParams& P) {
     constexpr const char* fn = "simd::fastv_select";
     P.validate(fn);
-    detail::check_prefill_qk(q, k, fn);
+    ::vlsparse::detail::check_prefill_qk(q, k, fn);
     layout.require_tokens(q.shape[0], fn);
     return fastv_select_from_scores(fastv_scores(q, k, P.attention()), layout, P);
 }

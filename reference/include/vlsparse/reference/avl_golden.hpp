@@ -115,13 +115,6 @@ struct AvlRunInfo {
 
 namespace detail {
 
-// Smallest relative gap between the k-th and (k+1)-th largest of s (exact ties skipped).
-inline double cut_margin(std::vector<double> s, std::int64_t k) {
-    if (k <= 0 || k >= static_cast<std::int64_t>(s.size())) return 1.0;
-    std::sort(s.begin(), s.end(), std::greater<double>());
-    const double gap = s[static_cast<std::size_t>(k - 1)] - s[static_cast<std::size_t>(k)];
-    return gap == 0.0 || s[0] == 0.0 ? 1.0 : gap / s[0];
-}
 
 template <class Backend, ElementType T>
 std::vector<NamedArray> run_avl_typed(const AvlCaseInputs& c, AvlRunInfo* info) {

@@ -22,12 +22,6 @@
 namespace vlsparse::reference {
 
 namespace detail {
-template <class TQ, class TK>
-void check_prefill_qk(const View3<const TQ>& q, const View3<const TK>& k, const char* fn) {
-    ::vlsparse::detail::check_qkv(q, k, k, fn);
-    ::vlsparse::detail::require(q.shape[0] == k.shape[0], fn, "q has ", q.shape[0], " tokens and k has ", k.shape[0],
-                                ", expected equal (prefill)");
-}
 
 // Attention probabilities of query rows `rows` of head h: probs[r][j] (j < n), double.
 template <ElementType TQ, ElementType TK>
@@ -46,7 +40,7 @@ std::vector<double> head_probs(View3<const TQ> q, View3<const TK> k, std::int64_
 template <ElementType TQ, ElementType TK>
 std::vector<std::vector<double>> h2o_scores(View3<const TQ> q, View3<const TK> k, BaselineGroups groups,
                                             const AttentionOptions& opt = {}) {
-    detail::check_prefill_qk(q, k, "reference::h2o_scores");
+    ::vlsparse::detail::check_prefill_qk(q, k, "reference::h2o_scores");
     const std::int64_t n = q.shape[0], H = q.shape[1], qpk = H / k.shape[1];
     const std::int64_t G = groups == BaselineGroups::kv_head ? k.shape[1] : 1;
     std::vector<std::vector<double>> acc(static_cast<std::size_t>(G), std::vector<double>(static_cast<std::size_t>(n), 0.0));
@@ -72,7 +66,7 @@ template <ElementType TQ, ElementType TK>
 std::vector<std::vector<double>> snapkv_window_scores(View3<const TQ> q, View3<const TK> k, std::int64_t window,
                                                       BaselineGroups groups, const AttentionOptions& opt = {}) {
     constexpr const char* fn = "reference::snapkv_window_scores";
-    detail::check_prefill_qk(q, k, fn);
+    ::vlsparse::detail::check_prefill_qk(q, k, fn);
     const std::int64_t n = q.shape[0], H = q.shape[1], qpk = H / k.shape[1];
     ::vlsparse::detail::require(window >= 1 && window <= n, fn, "window = ", window, ", expected 1 <= window <= n = ", n);
     const std::int64_t L = n - window, G = groups == BaselineGroups::kv_head ? k.shape[1] : 1;
@@ -115,7 +109,7 @@ template <ElementType TQ, ElementType TK>
 TokenSelection snapkv_select(View3<const TQ> q, View3<const TK> k, const SnapKVParams& P) {
     constexpr const char* fn = "reference::snapkv_select";
     P.validate(fn);
-    detail::check_prefill_qk(q, k, fn);
+    ::vlsparse::detail::check_prefill_qk(q, k, fn);
     const std::int64_t n = q.shape[0];
     ::vlsparse::detail::require(P.window <= n, fn, "window = ", P.window, " is larger than the prompt (n = ", n,
                                 "), expected 1 <= window <= n");
@@ -128,7 +122,7 @@ TokenSelection snapkv_select(View3<const TQ> q, View3<const TK> k, const SnapKVP
 // FastV's score: the last row's attention averaged over every query head.
 template <ElementType TQ, ElementType TK>
 std::vector<double> fastv_scores(View3<const TQ> q, View3<const TK> k, const AttentionOptions& opt = {}) {
-    detail::check_prefill_qk(q, k, "reference::fastv_scores");
+    ::vlsparse::detail::check_prefill_qk(q, k, "reference::fastv_scores");
     const std::int64_t n = q.shape[0], H = q.shape[1];
     const std::int64_t last[1] = {n - 1};
     std::vector<double> s(static_cast<std::size_t>(n), 0.0);
@@ -145,7 +139,7 @@ template <ElementType TQ, ElementType TK>
 TokenSelection fastv_select(View3<const TQ> q, View3<const TK> k, const Layout& layout, const FastVParams& P) {
     constexpr const char* fn = "reference::fastv_select";
     P.validate(fn);
-    detail::check_prefill_qk(q, k, fn);
+    ::vlsparse::detail::check_prefill_qk(q, k, fn);
     layout.require_tokens(q.shape[0], fn);
     return fastv_select_from_scores(fastv_scores(q, k, P.attention()), layout, P);
 }

@@ -201,13 +201,6 @@ struct BaselineRunInfo {
 
 namespace detail {
 
-// Smallest relative gap between the k-th and (k+1)-th largest of s (exact ties skipped).
-inline double baseline_cut_margin(std::vector<double> s, std::int64_t k) {
-    if (k <= 0 || k >= static_cast<std::int64_t>(s.size())) return 1.0;
-    std::sort(s.begin(), s.end(), std::greater<double>());
-    const double gap = s[static_cast<std::size_t>(k - 1)] - s[static_cast<std::size_t>(k)];
-    return gap == 0.0 || s[0] == 0.0 ? 1.0 : gap / s[0];
-}
 
 inline std::vector<std::uint8_t> mask_of(const TokenSelection& s, std::int64_t width) {
     std::vector<std::uint8_t> m(s.groups() * static_cast<std::size_t>(width), 0);
@@ -243,7 +236,7 @@ std::vector<NamedArray> run_h2o(const BaselineCaseInputs& c, double& margin) {
         if (heavy + recent >= m) return;
         std::vector<double> s;
         for (std::int64_t i = 0; i < m - recent; ++i) s.push_back(a[static_cast<std::size_t>(cached[static_cast<std::size_t>(i)])]);
-        margin = std::min(margin, baseline_cut_margin(s, heavy));
+        margin = std::min(margin, cut_margin(s, heavy));
     };
     {
         std::vector<std::int64_t> all(static_cast<std::size_t>(n));
@@ -306,7 +299,7 @@ std::vector<NamedArray> run_snapkv(const BaselineCaseInputs& c, double& margin) 
     const auto G = static_cast<std::int64_t>(raw.size()), L = n - P.window;
     const std::int64_t C = P.capacity.resolve(n);
     if (C < n)
-        for (const auto& s : pooled) margin = std::min(margin, baseline_cut_margin(s, C - P.window));
+        for (const auto& s : pooled) margin = std::min(margin, cut_margin(s, C - P.window));
     std::vector<NamedArray> r;
     r.push_back({"window_scores", NpyArray::from(flatten(raw), {G, L})});
     r.push_back({"pooled", NpyArray::from(flatten(pooled), {G, L})});
@@ -326,7 +319,7 @@ std::vector<NamedArray> run_fastv(const BaselineCaseInputs& c, double& margin) {
         for (const auto& seg : c.layout.segments())
             if (seg.is_visual())
                 for (std::int64_t p = std::max(a, seg.start); p < std::min(b, seg.end()); ++p) x.push_back(s[static_cast<std::size_t>(p)]);
-        margin = std::min(margin, baseline_cut_margin(x, k));
+        margin = std::min(margin, cut_margin(x, k));
     };
     if (P.spans == FastVSpans::joint) {
         cut_in(0, n, TokenBudget::ratio(1.0 - P.rate).resolve(c.layout.count(SegmentKind::image) + c.layout.count(SegmentKind::video)));

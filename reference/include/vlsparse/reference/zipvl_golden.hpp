@@ -10,8 +10,10 @@
 // Needs nlohmann/json. Include: <vlsparse/reference/zipvl_golden.hpp>
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -72,6 +74,15 @@ struct NamedArray {
 };
 
 namespace detail {
+
+// Smallest relative gap between the k-th and (k+1)-th largest of s (exact ties skipped): the
+// decision margin of a top-k cutoff, which every golden generator checks.
+inline double cut_margin(std::vector<double> s, std::int64_t k) {
+    if (k <= 0 || k >= static_cast<std::int64_t>(s.size())) return 1.0;
+    std::sort(s.begin(), s.end(), std::greater<double>());
+    const double gap = s[static_cast<std::size_t>(k - 1)] - s[static_cast<std::size_t>(k)];
+    return gap == 0.0 || s[0] == 0.0 ? 1.0 : gap / s[0];
+}
 
 template <class T>
 std::vector<T> narrow(const std::vector<float>& x) {
