@@ -123,7 +123,7 @@ TEST_CASE("indexed decode: simd matches reference over GQA ratios, dtypes and li
     INFO("seed " << seed);
     const std::int64_t n = vt::small_run() ? 90 : 300, d = 40;  // d = 40: not a multiple of the SIMD width
     for (std::int64_t Hkv : {1, 2}) {
-        for (std::int64_t ratio : {1, 2, 4, 8}) {
+        for (std::int64_t ratio : {1, 2, 3, 4, 8}) {  // 3: head blocks of 2 + 1 in the group kernels
             const std::int64_t H = Hkv * ratio;
             const auto cf = random_cache<float>(n, Hkv, d, seed + static_cast<std::uint64_t>(H * 10 + Hkv));
             const auto cb = random_cache<bfloat16>(n, Hkv, d, seed + 7 + static_cast<std::uint64_t>(H * 10 + Hkv));
@@ -138,7 +138,7 @@ TEST_CASE("indexed decode: simd matches reference over GQA ratios, dtypes and li
                 for (std::int64_t g = 0; g < Hkv; ++g) per.push_back(random_subset(n, std::max<std::int64_t>(1, len - g * 3), s + 3 + g));
                 compare_indexed(cf, per, H, s + 4);
                 compare_indexed(cb, per, H, s + 5);
-                // Long runs (read in place by the fp32 path) next to scattered rows (staged).
+                // Long runs of consecutive rows next to scattered rows.
                 CacheRows runs{{}};
                 for (std::int64_t i = 0; i < n; ++i)
                     if ((i >= 3 && i < 3 + len) || (i > n - 40 && i % 5 == 0)) runs[0].push_back(i);

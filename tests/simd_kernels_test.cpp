@@ -12,6 +12,7 @@
 
 #include <vlsparse/core/dtype.hpp>
 #include <vlsparse/core/rng.hpp>
+#include <vlsparse/detail/group_kernels.hpp>
 #include <vlsparse/detail/simd_kernels.hpp>
 
 #include "test_util.hpp"
@@ -316,3 +317,89 @@ TEST_CASE("widen_row: float, half and bfloat16 rows, contiguous and strided", "[
         CHECK(vlsparse::detail::float_bits(out[i]) == vlsparse::detail::float_bits(vlsparse::to_float(special[i])));
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// detail/group_kernels.hpp: G query heads against listed rows of float / half / bfloat16, against
+// double sums of the exactly widened inputs. Group sizes that are not powers of two (3, 5, 6, 12)
+// run as several head blocks; d not a multiple of the width exercises the column tails; list
+// lengths below / above one tile, and rows listed out of order and twice, reach the row tails.
+// ---------------------------------------------------------------------------------------------
+namespace {
+
+template <class Arch, class TC>
+void check_group_kernels(std::uint64_t seed) {
+    using G = vlsparse::detail::GroupKernels<Arch>;
+    const std::string arch = Arch::name();
+    const std::int64_t rows = 70;
+    for (const std::int64_t d : {1, 3, 16, 40, 128}) {
+        const auto src = uniform(static_cast<std::size_t>(rows * d), seed + static_cast<std::uint64_t>(d), -2.0f, 2.0f);
+        std::vector<TC> cache(src.size());
+        for (std::size_t i = 0; i < src.size(); ++i) cache[i] = vlsparse::from_float<TC>(src[i]);
+        for (const std::int64_t group : {1, 2, 3, 4, 5, 6, 8, 12, 16, 32}) {
+            for (const std::int64_t m : {1, 2, 5, 16, 17, 33}) {
+                INFO("arch " << arch << ", element bytes " << sizeof(TC) << ", d = " << d << ", G = " << group
+                             << ", m = " << m << ", seed = " << seed);
+                std::vector<std::int64_t> idx(static_cast<std::size_t>(m));
+                for (std::int64_t t = 0; t < m; ++t) idx[static_cast<std::size_t>(t)] = (t * 29 + 3) % rows;
+                if (m > 2) idx[1] = idx[0];  // a row listed twice
+                const auto q = uniform(static_cast<std::size_t>(group * d), seed + 100, -1.0f, 1.0f);
+                const std::int64_t ss = m + 3, os = d + 2;
+                auto s = with_guard(std::vector<float>(static_cast<std::size_t>(group * ss), -7.0f));
+                G::dots(q.data(), group, cache.data(), idx.data(), m, d, s.data(), ss);
+                const auto p = uniform(static_cast<std::size_t>(group * ss), seed + 101, 0.0f, 1.0f);
+                const auto o0 = uniform(static_cast<std::size_t>(group * os), seed + 102, -1.0f, 1.0f);
+                auto o = with_guard(o0);
+                G::weighted_sum(o.data(), os, p.data(), ss, group, cache.data(), idx.data(), m, d);
+                for (std::int64_t a = 0; a < group; ++a) {
+                    for (std::int64_t t = 0; t < m; ++t) {
+                        double exact = 0.0, mag = 0.0;
+                        for (std::int64_t c = 0; c < d; ++c) {
+                            const double x = static_cast<double>(q[static_cast<std::size_t>(a * d + c)]) *
+                                             vlsparse::to_float(cache[static_cast<std::size_t>(idx[static_cast<std::size_t>(t)] * d + c)]);
+                            exact += x;
+                            mag += std::abs(x);
+                        }
+                        INFO("dots: head " << a << ", entry " << t);
+                        CHECK(std::abs(s[static_cast<std::size_t>(a * ss + t)] - exact) <= (d + 1) * kEps * mag + 1e-30);
+                    }
+                    for (std::int64_t t = m; t < ss; ++t) CHECK(s[static_cast<std::size_t>(a * ss + t)] == -7.0f);  // gaps untouched
+                    for (std::int64_t c = 0; c < os; ++c) {
+                        const auto u = static_cast<std::size_t>(a * os + c);
+                        if (c >= d) {
+                            CHECK(o[u] == o0[u]);  // columns past d untouched
+                            continue;
+                        }
+                        double exact = o0[u], mag = std::abs(exact);
+                        for (std::int64_t t = 0; t < m; ++t) {
+                            const double x = static_cast<double>(p[static_cast<std::size_t>(a * ss + t)]) *
+                                             vlsparse::to_float(cache[static_cast<std::size_t>(idx[static_cast<std::size_t>(t)] * d + c)]);
+                            exact += x;
+                            mag += std::abs(x);
+                        }
+                        INFO("weighted_sum: head " << a << ", column " << c);
+                        CHECK(std::abs(o[u] - exact) <= (m + 2) * kEps * mag);
+                    }
+                }
+                CHECK(guard_intact(s, static_cast<std::size_t>(group * ss)));
+                CHECK(guard_intact(o, static_cast<std::size_t>(group * os)));
+            }
+        }
+    }
+}
+
+template <class Arch>
+void run_group_kernel_tests() {
+    const std::uint64_t seed = vt::base_seed() + 900;
+    check_group_kernels<Arch, float>(seed);
+    check_group_kernels<Arch, vlsparse::half>(seed + 1);
+    check_group_kernels<Arch, vlsparse::bfloat16>(seed + 2);
+}
+
+}  // namespace
+
+TEST_CASE("group kernels: native instruction set", "[simd][kernels]") {
+    INFO("native_arch = " << native_arch::name());
+    run_group_kernel_tests<native_arch>();
+}
+
+TEST_CASE("group kernels: scalar_arch (always compiled)", "[simd][kernels]") { run_group_kernel_tests<scalar_arch>(); }

@@ -4,30 +4,23 @@
 //   o_h = sum_{t in R_g} softmax_t(scale * q_h . k_{g,t}) v_{g,t},   g = h / (H / H_kv)
 //
 // One decode query against a KV cache restricted to the cache rows R_g of its KV head (CacheRows:
-// one shared list or one per KV head, see vlsparse/attention/cache_rows.hpp). No gathered copy of
-// the listed K/V is made: fp32 lists of long runs are read in place (each maximal stretch of
-// consecutive rows goes through the same dots / weighted_sum kernels as decode_attention); scattered
-// fp32 rows and fp16/bf16 rows are staged chunk by chunk (128 rows) in a per-thread buffer that
-// stays in L2. Work items are (KV head, chunk of its list), run in parallel with OpenMP, each a local softmax merged
-// exactly. Serves ZipVL's decode and A-VL's core/secondary steps; simd::decode_attention is this
-// engine with every row listed.
+// one shared list or one per KV head, see vlsparse/attention/cache_rows.hpp). No copy of the listed
+// K/V is made: the group kernels (detail/group_kernels.hpp) read each listed row in place, once for
+// all query heads of its KV group, in the cache's element type (bf16 / fp16 widened in registers),
+// prefetching the rows a few list entries ahead. Work items are (KV head, chunk of 128 list entries),
+// run in parallel with OpenMP, each a local softmax merged exactly. Serves ZipVL's decode and A-VL's
+// core/secondary steps; simd::decode_attention is this engine with every row listed.
 // Same signature and semantics as vlsparse::reference::indexed_decode_attention.
 // Include: <vlsparse/vlsparse.hpp> (or this header alone).
 #pragma once
 
 #include "vlsparse/attention/cache_rows.hpp"
 #include "vlsparse/attention/dense.hpp"
+#include "vlsparse/detail/group_kernels.hpp"
 #include "vlsparse/kv/kv_cache.hpp"
 
 #ifndef VLSPARSE_SIMD_DECODE_CHUNK
 #define VLSPARSE_SIMD_DECODE_CHUNK 128  // listed rows per work item (64 KiB of fp32 K at d = 128)
-#endif
-
-#ifndef VLSPARSE_SIMD_INDEXED_MIN_RUN
-#define VLSPARSE_SIMD_INDEXED_MIN_RUN 8  // fp32: mean run length (rows) from which rows are read in place
-#endif
-#ifndef VLSPARSE_SIMD_INDEXED_PREFETCH_ROWS
-#define VLSPARSE_SIMD_INDEXED_PREFETCH_ROWS 8  // staging prefetches the listed row this many entries ahead
 #endif
 
 namespace vlsparse::simd {
@@ -36,14 +29,6 @@ namespace detail {
 
 inline constexpr std::int64_t kDecodeChunk = VLSPARSE_SIMD_DECODE_CHUNK;
 static_assert(kDecodeChunk >= 1, "VLSPARSE_SIMD_DECODE_CHUNK must be >= 1");
-inline constexpr std::int64_t kMinRun = VLSPARSE_SIMD_INDEXED_MIN_RUN;
-inline constexpr std::int64_t kPrefetchRows = VLSPARSE_SIMD_INDEXED_PREFETCH_ROWS;
-static_assert(kMinRun >= 1, "VLSPARSE_SIMD_INDEXED_MIN_RUN must be >= 1");
-static_assert(kPrefetchRows >= 1, "VLSPARSE_SIMD_INDEXED_PREFETCH_ROWS must be >= 1");
-// Elements of TC per 64-byte cache line.
-template <class TC>
-inline constexpr std::int64_t kLineFloats = 64 / static_cast<std::int64_t>(sizeof(TC));
-
 // The decode engine, shared with simd::decode_attention (which lists every row).
 // probs_f: null, or [H, L] fp32 (row stride L) receiving the probabilities of every listed row.
 template <class Arch, class TQ, class TC, class TO>
@@ -51,6 +36,7 @@ void run_indexed_decode(const View2<const TQ>& q, const KvCache<TC>& cache, cons
                         const View2<TO>& out, float scale, float* probs_f, std::int64_t L,
                         std::int64_t chunk = kDecodeChunk) {
     using Kn = Kernels<Arch>;
+    using Gk = GroupKernels<Arch>;
     const std::int64_t CH = std::max<std::int64_t>(chunk, 1);
     const std::int64_t H = q.shape[0], d = q.shape[1], Hkv = cache.n_kv_heads(), group = H / Hkv;
     auto list_of = [&](std::int64_t g) -> const std::vector<std::int64_t>& {
@@ -74,80 +60,36 @@ void run_indexed_decode(const View2<const TQ>& q, const KvCache<TC>& cache, cons
     std::vector<float> part(items.size() * static_cast<std::size_t>(group * pstride));
 
     const int nthreads = max_threads();
-    struct Local {
-        std::vector<float> s, kbuf, vbuf;
-    };
-    std::vector<Local> scratch(static_cast<std::size_t>(nthreads));
-    for (auto& l : scratch) {
-        l.s.resize(static_cast<std::size_t>(group * CH));
-        l.kbuf.resize(static_cast<std::size_t>(CH * d));
-        l.vbuf.resize(static_cast<std::size_t>(CH * d));
-    }
+    std::vector<std::vector<float>> scratch(static_cast<std::size_t>(nthreads));  // scores [group, CH]
+    if (!probs_f)
+        for (auto& l : scratch) l.resize(static_cast<std::size_t>(group * CH));
     const auto n_items = static_cast<std::int64_t>(items.size());
     ErrorSlot err;
 
     VLSPARSE_OMP(omp parallel for schedule(dynamic, 1) num_threads(nthreads))
     for (std::int64_t w = 0; w < n_items; ++w) {
         err.run([&] {
-            Local& sc = scratch[static_cast<std::size_t>(thread_id())];
             const Item it = items[static_cast<std::size_t>(w)];
             const std::int64_t cnt = it.t1 - it.t0;
             const std::int64_t* idx = list_of(it.g).data() + it.t0;
             const TC* kb = cache.k(it.g).data;
             const TC* vb = cache.v(it.g).data;
-            // fp32 lists of long runs (>= kMinRun consecutive rows on average) are read in place, run by
-            // run. Otherwise -- scattered rows, or fp16/bf16 -- the chunk's rows are staged in a
-            // per-thread buffer of one chunk (64 KiB of K at d = 128, L2-resident): the copy keeps many
-            // independent row loads in flight, and the kernels then stream one contiguous block.
-            std::int64_t runs = 1;
-            for (std::int64_t t = 1; t < cnt; ++t) runs += idx[t] != idx[t - 1] + 1;
-            const bool staged = !std::is_same_v<TC, float> || runs * kMinRun > cnt;
-            if (staged) {
-                for (std::int64_t t = 0; t < cnt; ++t) {
-                    if (t + kPrefetchRows < cnt) {  // the row kPrefetchRows ahead: its lines and its page walk
-                        const std::int64_t r = idx[t + kPrefetchRows] * d;
-                        for (std::int64_t c = 0; c < d; c += kLineFloats<TC>) {
-                            __builtin_prefetch(kb + r + c, 0, 3);
-                            __builtin_prefetch(vb + r + c, 0, 3);
-                        }
-                    }
-                    widen_row(kb + idx[t] * d, 1, sc.kbuf.data() + t * d, d);
-                    widen_row(vb + idx[t] * d, 1, sc.vbuf.data() + t * d, d);
-                }
-            }
-            // Calls f(first entry, count, K rows, V rows): once for a staged chunk, else per run.
-            auto for_runs = [&](auto&& f) {
-                if (staged) {
-                    f(std::int64_t{0}, cnt, static_cast<const float*>(sc.kbuf.data()),
-                      static_cast<const float*>(sc.vbuf.data()));
-                    return;
-                }
-                if constexpr (std::is_same_v<TC, float>) {
-                    std::int64_t t = 0;
-                    while (t < cnt) {
-                        std::int64_t e = t + 1;
-                        while (e < cnt && idx[e] == idx[e - 1] + 1) ++e;
-                        f(t, e - t, kb + idx[t] * d, vb + idx[t] * d);
-                        t = e;
-                    }
-                }
-            };
+            // Scores of the group's heads for this chunk: straight into probs when asked for, else scratch.
+            float* sg = probs_f ? probs_f + it.g * group * L + it.t0 : scratch[static_cast<std::size_t>(thread_id())].data();
+            const std::int64_t ss = probs_f ? L : CH;
             const float* qg = qf.data() + it.g * group * d;
             float* pw = part.data() + w * group * pstride;
+            // K rows read once for all heads of the group (V rows prefetched meanwhile), widened in registers.
+            Gk::dots(qg, group, kb, idx, cnt, d, sg, ss, vb);
             for (std::int64_t a = 0; a < group; ++a) {
-                float* sa = probs_f ? probs_f + (it.g * group + a) * L + it.t0 : sc.s.data() + a * CH;
-                for_runs([&](std::int64_t t, std::int64_t len, const float* kr, const float*) {
-                    Kn::dots(qg + a * d, kr, d, len, d, sa + t);
-                });
+                float* sa = sg + a * ss;
                 Kn::scale(sa, cnt, scale);
                 const float mx = Kn::max(sa, cnt);
                 pw[a * pstride] = mx;
                 pw[a * pstride + 1] = Kn::exp_sub_sum(sa, cnt, mx);
                 std::fill(pw + a * pstride + 2, pw + (a + 1) * pstride, 0.0f);
-                for_runs([&](std::int64_t t, std::int64_t len, const float*, const float* vr) {
-                    Kn::weighted_sum(pw + a * pstride + 2, sa + t, vr, d, len, d);
-                });
             }
+            Gk::weighted_sum(pw + 2, pstride, sg, ss, group, vb, idx, cnt, d);
         });
     }
     err.rethrow();

@@ -228,7 +228,8 @@ private:
         reduce_rows(acc).store_unaligned(out);
     }
 
-    // Lane r of the result = horizontal sum of acc[r]. xsimd 8.1's haddp is correct for SSE and AVX
+public:
+    // Lane r of the result = horizontal sum of acc[r] (acc: W batches). xsimd 8.1's haddp is correct for SSE and AVX
     // but permutes lanes 2-3 / 4-5 and 10-11 / 12-13 for AVX-512 (found by the dots test), so AVX-512
     // gets its own transpose-and-add tree (written out, so that everything stays in registers). The
     // tree's output lane j holds the sum of its input slot p[j], p = {0, 2, 1, 3, 8, 10, 9, 11, 4, 6,
