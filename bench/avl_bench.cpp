@@ -8,7 +8,9 @@
 // read per second against this machine's read bandwidth, measured here by a parallel streaming sum
 // over a 1 GiB buffer. Gather-then-dense = the time to copy the listed rows into a preallocated
 // buffer + dense decode over a cache of exactly those rows. Before every timed run a 256 MiB buffer is read so no variant starts from a
-// warm last-level cache. Times are medians of --reps runs after one warm-up.
+// warm last-level cache. Times are medians of --reps runs after one warm-up. The line after each
+// dtype says how much of the process's memory the kernel backs with transparent huge pages (the KV
+// cache asks for them: detail/large_page_allocator.hpp).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -33,6 +35,19 @@ void flush_caches() {
     float s = 0.0f;
     for (std::size_t i = 0; i < g_flush.size(); i += 16) s += g_flush[i];
     g_sink += s;
+}
+
+// AnonHugePages of this process in MiB (Linux), or -1 where /proc does not say. The KV cache's
+// blocks are advised for transparent huge pages; this shows whether the kernel granted them.
+double anon_huge_mib() {
+    std::FILE* f = std::fopen("/proc/self/smaps_rollup", "r");
+    if (!f) return -1.0;
+    char line[256];
+    double kb = -1.0;
+    while (std::fgets(line, sizeof line, f))
+        if (std::sscanf(line, "AnonHugePages: %lf kB", &kb) == 1) break;
+    std::fclose(f);
+    return kb < 0.0 ? -1.0 : kb / 1024.0;
 }
 
 template <class F>
@@ -127,6 +142,8 @@ void run(const char* dtype, std::int64_t n, double frac, int reps, double bw) {
                 dtype, static_cast<long long>(n), 100.0 * static_cast<double>(m) / static_cast<double>(n), 1e3 * t_dense,
                 bytes_full / t_dense / 1e9, 100.0 * bytes_full / t_dense / bw, 1e3 * t_idx, bytes_idx / t_idx / 1e9,
                 100.0 * bytes_idx / t_idx / bw, 100.0 * t_idx / t_dense, 1e3 * t_copy, 1e3 * t_compact, 1e3 * t_gather, 100.0 * t_gather / t_dense);
+    std::printf("      KV cache %.0f MiB; transparent huge pages held by this process: %.0f MiB\n", bytes_full / 1048576.0,
+                anon_huge_mib());
 }
 
 }  // namespace

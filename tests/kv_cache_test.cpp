@@ -304,3 +304,43 @@ TEST_CASE("KvCache: assign with positions (a layer after a sequence filter)", "[
     CHECK(d.seq_len() == 4);
     CHECK(positions(d, 0) == std::vector<std::int64_t>{0, 1, 2, 3});
 }
+
+TEST_CASE("KvCache: large blocks are 2 MiB-aligned (huge pages advised), small ones ordinary; data survive growth",
+          "[kv]") {
+    using vlsparse::detail::kLargePage;
+    using vlsparse::detail::LargePageAllocator;
+    LargePageAllocator<float> a;
+    float* small = a.allocate(100);
+    float* large = a.allocate(kLargePage / sizeof(float) + 1);  // just over 2 MiB: rounded up to 4 MiB
+    REQUIRE(reinterpret_cast<std::uintptr_t>(large) % kLargePage == 0);
+    large[kLargePage / sizeof(float)] = 1.0f;  // the last element is writable
+    small[99] = 2.0f;
+    a.deallocate(large, kLargePage / sizeof(float) + 1);
+    a.deallocate(small, 100);
+    REQUIRE(a == LargePageAllocator<double>{});
+    REQUIRE_THROWS_AS(a.allocate(static_cast<std::size_t>(-1) / 2), std::bad_array_new_length);
+
+    // A cache of 2048 rows x d = 256 fp32 holds 2 MiB per KV head: its rows start on a 2 MiB boundary.
+    const std::int64_t n = 2048, Hkv = 2, d = 256;
+    std::vector<float> k(static_cast<std::size_t>(n * Hkv * d)), v(k.size());
+    for (std::size_t i = 0; i < k.size(); ++i) {
+        k[i] = static_cast<float>(i % 1000);
+        v[i] = -static_cast<float>(i % 777);
+    }
+    KvCache<float> c(Hkv, d);
+    c.assign(vlsparse::View3<const float>(k.data(), {n, Hkv, d}), vlsparse::View3<const float>(v.data(), {n, Hkv, d}));
+    for (std::int64_t g = 0; g < Hkv; ++g) {
+        REQUIRE(reinterpret_cast<std::uintptr_t>(c.k(g).data) % kLargePage == 0);
+        REQUIRE(reinterpret_cast<std::uintptr_t>(c.v(g).data) % kLargePage == 0);
+    }
+    // Appending past the block reallocates; every row is still there.
+    const std::vector<float> row(static_cast<std::size_t>(Hkv * d), 3.0f);
+    c.append(vlsparse::View2<const float>(row.data(), {Hkv, d}), vlsparse::View2<const float>(row.data(), {Hkv, d}));
+    REQUIRE(c.rows(1) == n + 1);
+    for (std::int64_t i : {std::int64_t{0}, n / 2, n - 1})
+        for (std::int64_t col : {std::int64_t{0}, d - 1}) {
+            REQUIRE(c.k(1)(i, col) == k[static_cast<std::size_t>((i * Hkv + 1) * d + col)]);
+            REQUIRE(c.v(1)(i, col) == v[static_cast<std::size_t>((i * Hkv + 1) * d + col)]);
+        }
+    REQUIRE(c.k(1)(n, 0) == 3.0f);
+}
