@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <limits>
 #include <new>
@@ -31,7 +32,9 @@ struct LargePageAllocator {
     LargePageAllocator(const LargePageAllocator<U>&) noexcept {}
 
     [[nodiscard]] T* allocate(std::size_t n) {
-        if (n > std::numeric_limits<std::size_t>::max() / sizeof(T)) throw std::bad_array_new_length();
+        constexpr std::size_t limit =
+            (static_cast<std::size_t>(std::numeric_limits<std::ptrdiff_t>::max()) - kLargePage) / sizeof(T);
+        if (n > limit) throw std::bad_array_new_length();
         const std::size_t bytes = n * sizeof(T);
         if (bytes < kLargePage) return static_cast<T*>(::operator new(bytes, std::align_val_t{alignof(T)}));
         const std::size_t rounded = (bytes + kLargePage - 1) / kLargePage * kLargePage;

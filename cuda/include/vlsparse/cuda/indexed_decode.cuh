@@ -1,0 +1,473 @@
+// vlsparse/cuda/indexed_decode.cuh -- decode attention over listed cache rows, CUDA path
+// (namespace vlsparse::cuda).
+//
+//   o_h = sum_{t in R_g} softmax_t(scale * q_h . k_{g,t}) v_{g,t},   g = h / (H / H_kv)
+//
+// The CUDA counterpart of simd::indexed_decode_attention (same semantics, same checks, fp32
+// accumulation): one decode query against a KV cache in device memory restricted to row lists, the
+// rows read in place by index (never gathered into a copy). Serves ZipVL's decode (every kept row)
+// and A-VL's core / secondary steps; dense decode is the same call with every row listed.
+//
+// Split over the list, flash-decoding style. Kernel 1: one block per (chunk of 64 list entries, KV
+// head); each of its 4 warps takes 16 entries, 4 rows at a time (4 K rows and 4 V rows in flight
+// per warp), and keeps an online softmax (running max, sum, unnormalized output) for every query
+// head of the group; lanes hold d / 32 consecutive columns, so a warp reads a row as one
+// contiguous span. The warps' states are merged in shared memory and written as one partial per
+// (head, chunk). Kernel 2: one block per query head merges its partials exactly (the same
+// max-rescaled sum as the CPU path) and writes the output in its element type. Groups of query
+// heads that are not a power of two run as blocks of 8 / 4 / 2 / 1 heads, like the CPU kernels.
+//
+// Memory: device pointers throughout (q, out, the cache, the row lists); a workspace of
+// `indexed_decode_workspace_bytes(...)` bytes is taken from the caller or allocated stream-ordered
+// (cudaMallocAsync). Stream-ordered: nothing synchronizes unless `check_finite` is set, which waits
+// for the stream and turns a non-finite output (NaN / Inf in the inputs, or fp32 overflow of a
+// score) into a vlsparse::error; the CPU path recomputes such heads in double, this one does not.
+// Host-side errors (shapes, lists) are vlsparse::error before anything is launched; every CUDA
+// status is checked. Include: this header, from a .cu translation unit (nvcc, C++20).
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "vlsparse/attention/cache_rows.hpp"
+#include "vlsparse/attention/common.hpp"
+#include "vlsparse/core/dtype.hpp"
+#include "vlsparse/core/error.hpp"
+#include "vlsparse/core/tensor.hpp"
+#include "vlsparse/kv/kv_cache.hpp"
+
+namespace vlsparse::cuda {
+
+namespace detail {
+
+using ::vlsparse::detail::require;
+
+inline void check_cuda(cudaError_t e, const char* fn, const char* what) {
+    require(e == cudaSuccess, fn, what, " failed: ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+}
+
+}  // namespace detail
+
+// A KV cache in device memory: KV head g's row r is K at k + g * head_stride + r * head_dim (V the
+// same from v), head_dim contiguous elements. `rows` bounds the row indices every list may name.
+template <ElementType T>
+struct KvCacheView {
+    const T* k = nullptr;
+    const T* v = nullptr;
+    std::int64_t n_kv_heads = 0, head_dim = 0, head_stride = 0, rows = 0;
+};
+
+// An owning device copy of a host KvCache: [H_kv, max rows, d] for K and for V. For tests, the
+// simulator and engines that keep their cache on the host; engines with their own device cache
+// describe it with a KvCacheView instead.
+template <ElementType T>
+class DeviceKvCache {
+public:
+    explicit DeviceKvCache(const KvCache<T>& c) : hkv_(c.n_kv_heads()), d_(c.head_dim()) {
+        constexpr const char* fn = "cuda::DeviceKvCache";
+        detail::require(hkv_ > 0, fn, "the cache has no KV heads (default-constructed)");
+        for (std::int64_t g = 0; g < hkv_; ++g) rows_ = std::max(rows_, c.rows(g));
+        const std::size_t per_head = static_cast<std::size_t>(std::max<std::int64_t>(rows_, 1) * d_);
+        const std::size_t bytes = per_head * static_cast<std::size_t>(hkv_) * sizeof(T);
+        detail::check_cuda(cudaMalloc(&k_, bytes), fn, "cudaMalloc");
+        if (cudaMalloc(&v_, bytes) != cudaSuccess) {
+            cudaFree(k_);
+            detail::check_cuda(cudaErrorMemoryAllocation, fn, "cudaMalloc");
+        }
+        // Heads shorter than the longest are padded with zero rows (never listed by a checked list).
+        detail::check_cuda(cudaMemset(k_, 0, bytes), fn, "cudaMemset");
+        detail::check_cuda(cudaMemset(v_, 0, bytes), fn, "cudaMemset");
+        for (std::int64_t g = 0; g < hkv_; ++g) {
+            const std::size_t n = static_cast<std::size_t>(c.rows(g) * d_) * sizeof(T);
+            if (n == 0) continue;
+            detail::check_cuda(cudaMemcpy(k_ + g * per_head, c.k(g).data, n, cudaMemcpyHostToDevice), fn, "cudaMemcpy");
+            detail::check_cuda(cudaMemcpy(v_ + g * per_head, c.v(g).data, n, cudaMemcpyHostToDevice), fn, "cudaMemcpy");
+        }
+        stride_ = static_cast<std::int64_t>(per_head);
+    }
+    DeviceKvCache(const DeviceKvCache&) = delete;
+    DeviceKvCache& operator=(const DeviceKvCache&) = delete;
+    ~DeviceKvCache() {
+        cudaFree(k_);
+        cudaFree(v_);
+    }
+    KvCacheView<T> view() const { return {k_, v_, hkv_, d_, stride_, rows_}; }
+
+private:
+    std::int64_t hkv_ = 0, d_ = 0, rows_ = 0, stride_ = 0;
+    T* k_ = nullptr;
+    T* v_ = nullptr;
+};
+
+// Row lists in device memory, CSR: list i is rows[offsets[i] .. offsets[i+1]); n_lists is 1 (one
+// list shared by every KV head) or H_kv. max_len (the longest list) sizes the launch; the host
+// knows it without reading device memory.
+struct RowListsView {
+    const std::int64_t* offsets = nullptr;
+    const std::int64_t* rows = nullptr;
+    std::int64_t n_lists = 0, max_len = 0;
+};
+
+// An owning device copy of host CacheRows, checked on the host as the CPU path checks them
+// (non-empty, sorted, unique, inside the cache): a view built from one is valid.
+class DeviceRowLists {
+public:
+    // Checked against a device cache view (rows < cache.rows for every head).
+    template <ElementType T>
+    DeviceRowLists(const CacheRows& lists, const KvCacheView<T>& cache) {
+        constexpr const char* fn = "cuda::DeviceRowLists";
+        const auto n = static_cast<std::int64_t>(lists.size());
+        detail::require(n == 1 || n == cache.n_kv_heads, fn, "got ", n, " row lists, expected 1 (shared) or H_kv = ",
+                        cache.n_kv_heads);
+        for (std::int64_t i = 0; i < n; ++i) {
+            const auto& l = lists[static_cast<std::size_t>(i)];
+            detail::require(!l.empty(), fn, "row list ", i, " is empty; expected at least one row");
+            for (std::size_t t = 0; t < l.size(); ++t) {
+                detail::require(l[t] >= 0 && l[t] < cache.rows, fn, "row list ", i, " entry ", t, " = ", l[t],
+                                " is outside the cache's ", cache.rows, " rows");
+                detail::require(t == 0 || l[t] > l[t - 1], fn, "row list ", i,
+                                " is not sorted ascending without duplicates at entry ", t);
+            }
+        }
+        upload(lists);
+    }
+    // Checked against the host cache the device copy was made from, exactly as the CPU path checks.
+    template <ElementType T>
+    DeviceRowLists(const CacheRows& lists, const KvCache<T>& host_cache) {
+        ::vlsparse::detail::check_cache_rows(host_cache, lists, "cuda::DeviceRowLists");
+        upload(lists);
+    }
+    DeviceRowLists(const DeviceRowLists&) = delete;
+    DeviceRowLists& operator=(const DeviceRowLists&) = delete;
+    ~DeviceRowLists() {
+        cudaFree(offsets_);
+        cudaFree(rows_);
+    }
+    RowListsView view() const { return {offsets_, rows_, n_lists_, max_len_}; }
+
+private:
+    void upload(const CacheRows& lists) {
+        constexpr const char* fn = "cuda::DeviceRowLists";
+        std::vector<std::int64_t> offsets{0}, flat;
+        for (const auto& l : lists) {
+            flat.insert(flat.end(), l.begin(), l.end());
+            offsets.push_back(static_cast<std::int64_t>(flat.size()));
+            max_len_ = std::max(max_len_, static_cast<std::int64_t>(l.size()));
+        }
+        n_lists_ = static_cast<std::int64_t>(lists.size());
+        detail::check_cuda(cudaMalloc(&offsets_, offsets.size() * sizeof(std::int64_t)), fn, "cudaMalloc");
+        if (cudaMalloc(&rows_, std::max<std::size_t>(flat.size(), 1) * sizeof(std::int64_t)) != cudaSuccess) {
+            cudaFree(offsets_);
+            detail::check_cuda(cudaErrorMemoryAllocation, fn, "cudaMalloc");
+        }
+        detail::check_cuda(cudaMemcpy(offsets_, offsets.data(), offsets.size() * sizeof(std::int64_t), cudaMemcpyHostToDevice),
+                           fn, "cudaMemcpy");
+        if (!flat.empty())
+            detail::check_cuda(cudaMemcpy(rows_, flat.data(), flat.size() * sizeof(std::int64_t), cudaMemcpyHostToDevice),
+                               fn, "cudaMemcpy");
+    }
+
+    std::int64_t* offsets_ = nullptr;
+    std::int64_t* rows_ = nullptr;
+    std::int64_t n_lists_ = 0, max_len_ = 0;
+};
+
+namespace detail {
+
+inline constexpr int kChunk = 64;     // list entries per block of kernel 1
+inline constexpr int kWarps = 4;      // warps per block of kernel 1
+inline constexpr int kUnroll = 4;     // rows per warp step (K and V loads in flight)
+inline constexpr int kMaxHeadDim = 256;
+
+__device__ __forceinline__ float load_f(const float* p) { return __ldg(p); }
+__device__ __forceinline__ float load_f(const half* p) {
+    const unsigned short b = __ldg(reinterpret_cast<const unsigned short*>(p));
+    return __half2float(__ushort_as_half(b));
+}
+__device__ __forceinline__ float load_f(const bfloat16* p) {
+    const unsigned short b = __ldg(reinterpret_cast<const unsigned short*>(p));
+    return __uint_as_float(static_cast<unsigned>(b) << 16);
+}
+
+__device__ __forceinline__ void store_f(float* p, float x) { *p = x; }
+__device__ __forceinline__ void store_f(half* p, float x) {
+    *reinterpret_cast<unsigned short*>(p) = __half_as_ushort(__float2half_rn(x));
+}
+__device__ __forceinline__ void store_f(bfloat16* p, float x) {
+    // Round to nearest even, NaN kept quiet: the same rounding as vlsparse::bfloat16(float).
+    unsigned u = __float_as_uint(x);
+    unsigned short b;
+    if ((u & 0x7fffffffu) > 0x7f800000u) b = static_cast<unsigned short>((u >> 16) | 0x40u);
+    else b = static_cast<unsigned short>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    *reinterpret_cast<unsigned short*>(p) = b;
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+// Kernel 1. Block (chunk c, KV head g) for query heads g * G + a0 .. + GB. EPL columns per lane.
+// Partial layout: part[((h * n_chunks) + c) * (d + 2) + {0: max, 1: sum, 2..: unnormalized out}].
+template <int GB, int EPL, class TQ, class TC>
+__global__ void __launch_bounds__(kWarps * 32)
+    indexed_decode_partial(const TQ* __restrict__ q, std::int64_t q_sh, std::int64_t q_sd, KvCacheView<TC> cache,
+                           RowListsView lists, int group, int a0, float scale, int n_chunks, float* __restrict__ part) {
+    extern __shared__ float smem[];  // [kWarps][GB][2 + d]
+    const int d = static_cast<int>(cache.head_dim);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int c = blockIdx.x, g = blockIdx.y;
+    const std::int64_t li = lists.n_lists == 1 ? 0 : g;
+    const std::int64_t off = lists.offsets[li], len = lists.offsets[li + 1] - off;
+    const std::int64_t t0 = static_cast<std::int64_t>(c) * kChunk, t1 = min(len, t0 + kChunk);
+
+    float qr[GB][EPL];
+#pragma unroll
+    for (int a = 0; a < GB; ++a)
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) {
+            const int col = lane * EPL + e;
+            const std::int64_t h = static_cast<std::int64_t>(g) * group + a0 + a;
+            qr[a][e] = col < d ? scale * load_f(q + h * q_sh + col * q_sd) : 0.0f;
+        }
+    constexpr float ninf = -INFINITY;
+    float m[GB], l[GB], acc[GB][EPL];
+#pragma unroll
+    for (int a = 0; a < GB; ++a) {
+        m[a] = ninf;
+        l[a] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) acc[a][e] = 0.0f;
+    }
+    const TC* kb = cache.k + g * cache.head_stride;
+    const TC* vb = cache.v + g * cache.head_stride;
+    const std::int64_t* idx = lists.rows + off;
+    // Warp w takes entries t0 + w * kUnroll + s * kWarps * kUnroll, kUnroll at a time.
+    for (std::int64_t t = t0 + warp * kUnroll; t < t1; t += kWarps * kUnroll) {
+        float kr[kUnroll][EPL], vr[kUnroll][EPL];
+        bool ok[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            ok[u] = t + u < t1;
+            const std::int64_t r = ok[u] ? idx[t + u] : 0;
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) {
+                const int col = lane * EPL + e;
+                const bool in = ok[u] && col < d;
+                kr[u][e] = in ? load_f(kb + r * d + col) : 0.0f;
+                vr[u][e] = in ? load_f(vb + r * d + col) : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int a = 0; a < GB; ++a) {
+            float s[kUnroll];
+            float mx = m[a];
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                float x = 0.0f;
+#pragma unroll
+                for (int e = 0; e < EPL; ++e) x = fmaf(qr[a][e], kr[u][e], x);
+                x = warp_sum(x);
+                s[u] = ok[u] ? x : ninf;
+                mx = fmaxf(mx, s[u]);
+            }
+            // mx is finite here unless a score is +-Inf / NaN (then the output is non-finite).
+            const float corr = m[a] == ninf ? 0.0f : expf(m[a] - mx);
+            float p[kUnroll], ps = 0.0f;
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                p[u] = ok[u] ? expf(s[u] - mx) : 0.0f;
+                ps += p[u];
+            }
+            l[a] = l[a] * corr + ps;
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) {
+                float o = acc[a][e] * corr;
+#pragma unroll
+                for (int u = 0; u < kUnroll; ++u) o = fmaf(p[u], vr[u][e], o);
+                acc[a][e] = o;
+            }
+            m[a] = mx;
+        }
+    }
+    // Merge the warps' states in shared memory; one partial per (head, chunk).
+    const int ps = 2 + d;
+#pragma unroll
+    for (int a = 0; a < GB; ++a) {
+        float* w = smem + (warp * GB + a) * ps;
+        if (lane == 0) {
+            w[0] = m[a];
+            w[1] = l[a];
+        }
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) {
+            const int col = lane * EPL + e;
+            if (col < d) w[2 + col] = acc[a][e];
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < GB * (d + 2); i += blockDim.x) {
+        const int a = i / (d + 2), j = i % (d + 2);
+        float M = ninf;
+        for (int w = 0; w < kWarps; ++w) M = fmaxf(M, smem[(w * GB + a) * ps]);
+        float r = 0.0f;
+        if (j == 0) {
+            r = M;
+        } else if (M != ninf) {
+            for (int w = 0; w < kWarps; ++w) {
+                const float* sw = smem + (w * GB + a) * ps;
+                if (sw[0] != ninf) r += sw[j] * expf(sw[0] - M);
+            }
+        }
+        const std::int64_t h = static_cast<std::int64_t>(g) * group + a0 + a;
+        part[(h * n_chunks + c) * (d + 2) + j] = r;
+    }
+}
+
+// Kernel 2. Block h merges head h's partials and writes out[h, :]; flags a non-finite result.
+template <class TO>
+__global__ void indexed_decode_merge(const float* __restrict__ part, int n_chunks, int d, TO* out, std::int64_t o_sh,
+                                     std::int64_t o_sd, int* status) {
+    __shared__ float red[32];
+    __shared__ float s_m, s_l;
+    const std::int64_t h = blockIdx.x;
+    const float* ph = part + h * n_chunks * (d + 2);
+    constexpr float ninf = -INFINITY;
+    float M = ninf;
+    for (int c = threadIdx.x; c < n_chunks; c += blockDim.x) M = fmaxf(M, ph[c * (d + 2)]);
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = M;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float x = ninf;
+        for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) x = fmaxf(x, red[w]);
+        s_m = x;
+    }
+    __syncthreads();
+    M = s_m;
+    float L = 0.0f;
+    for (int c = threadIdx.x; c < n_chunks; c += blockDim.x) {
+        const float mc = ph[c * (d + 2)];
+        if (mc != ninf) L += ph[c * (d + 2) + 1] * expf(mc - M);
+    }
+    L = warp_sum(L);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = L;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float x = 0.0f;
+        for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) x += red[w];
+        s_l = x;
+    }
+    __syncthreads();
+    L = s_l;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        float o = 0.0f;
+        for (int c = 0; c < n_chunks; ++c) {
+            const float mc = ph[c * (d + 2)];
+            if (mc != ninf) o += ph[c * (d + 2) + 2 + j] * expf(mc - M);
+        }
+        o /= L;
+        if (!isfinite(o) && status) atomicOr(status, 1);
+        store_f(out + h * o_sh + j * o_sd, o);
+    }
+}
+
+template <int GB, int EPL, class TQ, class TC>
+void launch_partial(const View2<const TQ>& q, const KvCacheView<TC>& cache, const RowListsView& lists, int group,
+                    int a0, float scale, int n_chunks, float* part, cudaStream_t stream) {
+    const dim3 grid(static_cast<unsigned>(n_chunks), static_cast<unsigned>(cache.n_kv_heads));
+    const std::size_t shm = static_cast<std::size_t>(kWarps * GB * (cache.head_dim + 2)) * sizeof(float);
+    indexed_decode_partial<GB, EPL, TQ, TC><<<grid, kWarps * 32, shm, stream>>>(
+        q.data, q.stride[0], q.stride[1], cache, lists, group, a0, scale, n_chunks, part);
+}
+
+template <int EPL, class TQ, class TC>
+void launch_partial_heads(const View2<const TQ>& q, const KvCacheView<TC>& cache, const RowListsView& lists, int group,
+                          float scale, int n_chunks, float* part, cudaStream_t stream) {
+    for (int a0 = 0; a0 < group;) {
+        const int left = group - a0;
+        const int gb = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+        switch (gb) {
+            case 8: launch_partial<8, EPL>(q, cache, lists, group, a0, scale, n_chunks, part, stream); break;
+            case 4: launch_partial<4, EPL>(q, cache, lists, group, a0, scale, n_chunks, part, stream); break;
+            case 2: launch_partial<2, EPL>(q, cache, lists, group, a0, scale, n_chunks, part, stream); break;
+            default: launch_partial<1, EPL>(q, cache, lists, group, a0, scale, n_chunks, part, stream); break;
+        }
+        a0 += gb;
+    }
+}
+
+inline int n_chunks_for(std::int64_t max_len) { return static_cast<int>((max_len + kChunk - 1) / kChunk); }
+
+}  // namespace detail
+
+// Bytes of device workspace one call needs: H x ceil(longest list / 64) partials of d + 2 floats,
+// plus a status word.
+inline std::size_t indexed_decode_workspace_bytes(std::int64_t H, std::int64_t head_dim, std::int64_t max_len) {
+    return static_cast<std::size_t>(H * detail::n_chunks_for(max_len) * (head_dim + 2)) * sizeof(float) + 256;
+}
+
+// One decode step over the listed rows. q [H, d] and out [H, d]: device views (any strides); the
+// cache and lists: device. workspace: null (allocated on the stream) or indexed_decode_workspace_bytes.
+template <ElementType TQ, ElementType TC, ElementType TO>
+void indexed_decode_attention(View2<const TQ> q, const KvCacheView<TC>& cache, const RowListsView& lists,
+                              View2<TO> out, const AttentionOptions& opt = {}, cudaStream_t stream = nullptr,
+                              void* workspace = nullptr) {
+    constexpr const char* fn = "cuda::indexed_decode_attention";
+    using ::vlsparse::detail::require;
+    const std::int64_t H = q.shape[0], d = q.shape[1], Hkv = cache.n_kv_heads;
+    require(Hkv > 0 && cache.k && cache.v, fn, "the cache view is empty; expected H_kv > 0 and K / V pointers");
+    require(H > 0 && d == cache.head_dim, fn, "q has shape [", H, ", ", d, "], expected [H, ", cache.head_dim,
+            "] with H > 0");
+    require(d >= 1 && d <= detail::kMaxHeadDim, fn, "head_dim = ", d, "; the CUDA path supports 1..", detail::kMaxHeadDim);
+    require(H % Hkv == 0, fn, "H = ", H, " query heads is not a multiple of the cache's H_kv = ", Hkv);
+    require(cache.head_stride >= cache.rows * d, fn, "head_stride = ", cache.head_stride, " is smaller than rows x head_dim = ",
+            cache.rows * d);
+    require(out.shape == q.shape, fn, "out has shape [", out.shape[0], ", ", out.shape[1], "], expected [", H, ", ", d, "]");
+    require(q.data && out.data, fn, "q and out must be device pointers, got null");
+    require(lists.offsets && lists.rows && lists.max_len > 0, fn, "the row lists are empty; expected at least one row");
+    require(lists.n_lists == 1 || lists.n_lists == Hkv, fn, "got ", lists.n_lists, " row lists, expected 1 (shared) or H_kv = ", Hkv);
+    const float scale = opt.scale != 0.0f ? opt.scale : 1.0f / std::sqrt(static_cast<float>(d));
+    require(std::isfinite(scale) && scale > 0.0f, fn, "scale = ", scale, ", expected a finite value > 0 (or 0 for 1/sqrt(d))");
+
+    const int n_chunks = detail::n_chunks_for(lists.max_len);
+    const std::size_t need = indexed_decode_workspace_bytes(H, d, lists.max_len);
+    void* ws = workspace;
+    if (!ws) detail::check_cuda(cudaMallocAsync(&ws, need, stream), fn, "cudaMallocAsync");
+    float* part = static_cast<float*>(ws);
+    int* status = reinterpret_cast<int*>(static_cast<char*>(ws) + need - 256);
+    if (opt.check_finite) detail::check_cuda(cudaMemsetAsync(status, 0, sizeof(int), stream), fn, "cudaMemsetAsync");
+    const int group = static_cast<int>(H / Hkv);
+    if (d <= 32)
+        detail::launch_partial_heads<1>(q, cache, lists, group, scale, n_chunks, part, stream);
+    else if (d <= 64)
+        detail::launch_partial_heads<2>(q, cache, lists, group, scale, n_chunks, part, stream);
+    else if (d <= 128)
+        detail::launch_partial_heads<4>(q, cache, lists, group, scale, n_chunks, part, stream);
+    else
+        detail::launch_partial_heads<8>(q, cache, lists, group, scale, n_chunks, part, stream);
+    detail::check_cuda(cudaGetLastError(), fn, "kernel launch (partials)");
+    detail::indexed_decode_merge<TO><<<static_cast<unsigned>(H), 128, 0, stream>>>(
+        part, n_chunks, static_cast<int>(d), out.data, out.stride[0], out.stride[1], opt.check_finite ? status : nullptr);
+    detail::check_cuda(cudaGetLastError(), fn, "kernel launch (merge)");
+    int flag = 0;
+    if (opt.check_finite)
+        detail::check_cuda(cudaMemcpyAsync(&flag, status, sizeof(int), cudaMemcpyDeviceToHost, stream), fn, "cudaMemcpyAsync");
+    if (!workspace) detail::check_cuda(cudaFreeAsync(ws, stream), fn, "cudaFreeAsync");
+    if (opt.check_finite) {
+        detail::check_cuda(cudaStreamSynchronize(stream), fn, "cudaStreamSynchronize");
+        require(flag == 0, fn, "non-finite attention output: NaN / Inf in q or in a listed K / V row, or an fp32 overflow "
+                               "of a score (the CPU path recomputes such heads in double; this path does not)");
+    }
+}
+
+}  // namespace vlsparse::cuda

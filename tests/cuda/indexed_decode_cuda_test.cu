@@ -1,0 +1,216 @@
+// CUDA path of indexed decode attention against the reference: fresh seeded caches of fp32 / fp16 /
+// bf16, GQA ratios 1, 2, 3, 4, 8 (3: head blocks 2 + 1), head dims 40 / 64 / 128 / 256 (40: idle
+// lanes), shared and per-KV-head lists of 1 entry up to every row (lengths not multiples of the
+// 64-entry chunk), strided q / out, fp32 / bf16 outputs, caller workspace; dense decode as the
+// all-rows list; bad input is a vlsparse::error. Built and run only with -Dcuda=enabled on a GPU.
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <vlsparse/attention/cache_rows.hpp>
+#include <vlsparse/core/rng.hpp>
+#include <vlsparse/cuda/indexed_decode.cuh>
+#include <vlsparse/kv/kv_cache.hpp>
+#include <vlsparse/reference/attention.hpp>
+#include <vlsparse/reference/indexed_decode.hpp>
+
+using namespace vlsparse;
+using Catch::Matchers::Contains;
+
+namespace {
+
+std::uint64_t base_seed() {
+    const char* s = std::getenv("VLSPARSE_TEST_SEED");
+    return s ? std::strtoull(s, nullptr, 10) : 20261122u;
+}
+
+std::vector<float> uniform(std::size_t n, std::uint64_t seed) {
+    SplitMix64 rng(seed);
+    std::vector<float> v(n);
+    for (auto& x : v) x = static_cast<float>(rng.uniform()) * 2.0f - 1.0f;
+    return v;
+}
+
+template <class T>
+KvCache<T> random_cache(std::int64_t n, std::int64_t Hkv, std::int64_t d, std::uint64_t seed) {
+    const auto k = uniform(static_cast<std::size_t>(n * Hkv * d), seed), v = uniform(k.size(), seed + 1);
+    KvCache<T> c(Hkv, d);
+    c.assign(View3<const float>(k.data(), {n, Hkv, d}), View3<const float>(v.data(), {n, Hkv, d}));
+    return c;
+}
+
+std::vector<std::int64_t> random_subset(std::int64_t n, std::int64_t m, std::uint64_t seed) {
+    std::vector<std::int64_t> all(static_cast<std::size_t>(n));
+    std::iota(all.begin(), all.end(), std::int64_t{0});
+    SplitMix64 rng(seed);
+    for (std::int64_t i = n - 1; i > 0; --i) std::swap(all[static_cast<std::size_t>(i)], all[rng.below(static_cast<std::uint64_t>(i + 1))]);
+    all.resize(static_cast<std::size_t>(m));
+    std::sort(all.begin(), all.end());
+    return all;
+}
+
+template <class T>
+struct DeviceBuffer {
+    T* p = nullptr;
+    std::size_t n = 0;
+    explicit DeviceBuffer(std::size_t count) : n(count) { REQUIRE(cudaMalloc(&p, count * sizeof(T)) == cudaSuccess); }
+    DeviceBuffer(const std::vector<T>& h) : DeviceBuffer(h.size()) {
+        REQUIRE(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
+    }
+    ~DeviceBuffer() { cudaFree(p); }
+    std::vector<T> get() const {
+        std::vector<T> h(n);
+        REQUIRE(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
+        return h;
+    }
+};
+
+double nmse(const std::vector<float>& a, const std::vector<double>& ref) {
+    double num = 0.0, den = 0.0;
+    for (std::size_t i = 0; i < ref.size(); ++i) {
+        num += (a[i] - ref[i]) * (a[i] - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    return num / std::max(den, 1e-300);
+}
+
+// Runs the CUDA path on (cache, rows) for H query heads and checks it against the reference.
+template <class T>
+void compare(const KvCache<T>& cache, const CacheRows& rows, std::int64_t H, std::uint64_t seed, bool strided_q = false) {
+    const std::int64_t d = cache.head_dim();
+    INFO("dtype bytes " << sizeof(T) << ", H " << H << ", H_kv " << cache.n_kv_heads() << ", d " << d << ", lists "
+                        << rows.size() << ", first list " << rows[0].size() << ", seed " << seed);
+    const auto q = uniform(static_cast<std::size_t>(H * d), seed);
+    std::vector<double> ref(static_cast<std::size_t>(H * d));
+    reference::indexed_decode_attention(View2<const float>(q.data(), {H, d}), cache, rows, View2<double>(ref.data(), {H, d}));
+
+    cuda::DeviceKvCache<T> dc(cache);
+    cuda::DeviceRowLists dl(rows, cache);
+    // q on the device either [H, d] or transposed [d, H] (strides {1, H}).
+    std::vector<float> qh = q;
+    View2<const float> qv;
+    if (strided_q)
+        for (std::int64_t h = 0; h < H; ++h)
+            for (std::int64_t c = 0; c < d; ++c) qh[static_cast<std::size_t>(c * H + h)] = q[static_cast<std::size_t>(h * d + c)];
+    DeviceBuffer<float> qd(qh), od(static_cast<std::size_t>(H * d));
+    qv = strided_q ? View2<const float>(qd.p, {H, d}, {1, H}) : View2<const float>(qd.p, {H, d});
+    cuda::indexed_decode_attention(qv, dc.view(), dl.view(), View2<float>(od.p, {H, d}));
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    const auto out = od.get();
+    CHECK(nmse(out, ref) <= 1e-9);
+
+    // bf16 output: each element the reference rounded to bf16, within one bf16 step.
+    DeviceBuffer<bfloat16> ob(static_cast<std::size_t>(H * d));
+    cuda::indexed_decode_attention(qv, dc.view(), dl.view(), View2<bfloat16>(ob.p, {H, d}));
+    const auto outb = ob.get();
+    for (std::size_t i = 0; i < ref.size(); ++i) {
+        INFO("bf16 output element " << i);
+        CHECK(std::abs(to_float(outb[i]) - ref[i]) <= std::abs(ref[i]) * (1.0 / 128.0) + 1e-6);
+    }
+
+    // A caller workspace gives the same bits.
+    DeviceBuffer<unsigned char> ws(cuda::indexed_decode_workspace_bytes(H, d, dl.view().max_len));
+    DeviceBuffer<float> ow(static_cast<std::size_t>(H * d));
+    cuda::indexed_decode_attention(qv, dc.view(), dl.view(), View2<float>(ow.p, {H, d}), AttentionOptions{}, nullptr, ws.p);
+    CHECK(ow.get() == out);
+}
+
+}  // namespace
+
+TEST_CASE("cuda indexed decode: matches the reference over dtypes, GQA ratios, head dims and list lengths",
+          "[cuda][indexed]") {
+    const std::uint64_t seed = base_seed() + 1000;
+    const std::int64_t n = 300;
+    for (std::int64_t d : {40, 64, 128, 256}) {
+        for (std::int64_t Hkv : {1, 2}) {
+            for (std::int64_t ratio : {1, 2, 3, 4, 8}) {
+                if (d == 256 && ratio == 3) continue;
+                const std::int64_t H = Hkv * ratio;
+                const auto s0 = seed + static_cast<std::uint64_t>(d * 100 + H * 10 + Hkv);
+                const auto cf = random_cache<float>(n, Hkv, d, s0);
+                const auto cb = random_cache<bfloat16>(n, Hkv, d, s0 + 3);
+                const auto ch = random_cache<vlsparse::half>(n, Hkv, d, s0 + 5);
+                for (std::int64_t len : {std::int64_t{1}, std::int64_t{7}, std::int64_t{65}, n * 3 / 10, n}) {
+                    const auto s = s0 + static_cast<std::uint64_t>(len * 7);
+                    const CacheRows shared{random_subset(n, len, s)};
+                    compare(cf, shared, H, s + 1);
+                    compare(cb, shared, H, s + 2);
+                    compare(ch, shared, H, s + 3, /*strided_q=*/true);
+                    CacheRows per;
+                    for (std::int64_t g = 0; g < Hkv; ++g)
+                        per.push_back(random_subset(n, std::max<std::int64_t>(1, len - g * 5), s + 4 + static_cast<std::uint64_t>(g)));
+                    compare(cb, per, H, s + 6);
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE("cuda indexed decode: every row listed is dense decode, also after per-head eviction", "[cuda][indexed]") {
+    const std::int64_t n = 1000, H = 16, Hkv = 4, d = 128;
+    auto cache = random_cache<bfloat16>(n, Hkv, d, base_seed() + 2000);
+    CacheRows all{std::vector<std::int64_t>(static_cast<std::size_t>(n))};
+    std::iota(all[0].begin(), all[0].end(), std::int64_t{0});
+    compare(cache, all, H, base_seed() + 2001);
+    TokenSelection keep;
+    keep.n = n;
+    for (std::int64_t g = 0; g < Hkv; ++g) keep.indices.push_back(random_subset(n, 200 + 50 * g, base_seed() + 2002 + static_cast<std::uint64_t>(g)));
+    cache.keep(keep);
+    CacheRows per;
+    for (std::int64_t g = 0; g < Hkv; ++g) {
+        per.emplace_back(static_cast<std::size_t>(cache.rows(g)));
+        std::iota(per.back().begin(), per.back().end(), std::int64_t{0});
+    }
+    compare(cache, per, H, base_seed() + 2010);
+}
+
+TEST_CASE("cuda indexed decode: bad input is a clear error", "[cuda][indexed][errors]") {
+    const std::int64_t n = 20, H = 4, Hkv = 2, d = 8;
+    auto cache = random_cache<float>(n, Hkv, d, base_seed() + 3000);
+    cuda::DeviceKvCache<float> dc(cache);
+    REQUIRE_THROWS_WITH(cuda::DeviceRowLists(CacheRows{{}}, cache), Contains("empty"));
+    REQUIRE_THROWS_WITH(cuda::DeviceRowLists(CacheRows{{3, 1}}, cache), Contains("not sorted"));
+    REQUIRE_THROWS_WITH(cuda::DeviceRowLists(CacheRows{{1, 20}}, cache), Contains("20"));
+    REQUIRE_THROWS_WITH(cuda::DeviceRowLists(CacheRows{{1}, {2}, {3}}, cache), Contains("3 lists"));
+    REQUIRE_THROWS_WITH(cuda::DeviceRowLists(CacheRows{{1, 20}}, dc.view()), Contains("outside the cache"));
+    cuda::DeviceRowLists dl(CacheRows{{0, 5, 19}}, cache);
+    DeviceBuffer<float> q(static_cast<std::size_t>(H * d)), out(static_cast<std::size_t>(H * d));
+    const auto run = [&](std::int64_t h, std::int64_t dd, const std::string& msg) {
+        INFO(msg);
+        REQUIRE_THROWS_WITH(cuda::indexed_decode_attention(View2<const float>(q.p, {h, dd}), dc.view(), dl.view(),
+                                                           View2<float>(out.p, {h, dd})),
+                            Contains(msg));
+    };
+    run(3, d, "not a multiple");
+    run(H, 7, "expected [H, 8]");
+    REQUIRE_THROWS_WITH(cuda::indexed_decode_attention(View2<const float>(q.p, {H, d}), dc.view(), dl.view(),
+                                                       View2<float>(out.p, {H, d - 1})),
+                        Contains("out has shape"));
+    // A head dim beyond the CUDA path's limit.
+    auto big = random_cache<float>(4, 1, 300, base_seed() + 3001);
+    cuda::DeviceKvCache<float> db(big);
+    cuda::DeviceRowLists lb(CacheRows{{0, 1}}, big);
+    DeviceBuffer<float> qb(300), ob(300);
+    REQUIRE_THROWS_WITH(cuda::indexed_decode_attention(View2<const float>(qb.p, {1, 300}), db.view(), lb.view(),
+                                                       View2<float>(ob.p, {1, 300})),
+                        Contains("supports 1..256"));
+    // NaN in a listed row: a clear error with check_finite; in an unlisted row: never read.
+    std::vector<float> kk(static_cast<std::size_t>(n * Hkv * d), 0.5f), vv = kk;
+    kk[static_cast<std::size_t>((5 * Hkv + 1) * d + 3)] = std::nanf("");
+    KvCache<float> bad(Hkv, d);
+    bad.assign(View3<const float>(kk.data(), {n, Hkv, d}), View3<const float>(vv.data(), {n, Hkv, d}));
+    cuda::DeviceKvCache<float> dbad(bad);
+    DeviceBuffer<float> q1(std::vector<float>(static_cast<std::size_t>(H * d), 0.25f));
+    REQUIRE_THROWS_WITH(cuda::indexed_decode_attention(View2<const float>(q1.p, {H, d}), dbad.view(), dl.view(),
+                                                       View2<float>(out.p, {H, d})),
+                        Contains("non-finite"));
+    cuda::DeviceRowLists skip(CacheRows{{0, 4, 6, 19}}, bad);
+    cuda::indexed_decode_attention(View2<const float>(q1.p, {H, d}), dbad.view(), skip.view(), View2<float>(out.p, {H, d}));
+    for (float x : out.get()) CHECK(x == 0.5f);  // uniform over equal rows of 0.5
+}
