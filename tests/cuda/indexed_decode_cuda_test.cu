@@ -170,6 +170,29 @@ TEST_CASE("cuda indexed decode: every row listed is dense decode, also after per
     compare(cache, per, H, base_seed() + 2010);
 }
 
+TEST_CASE("cuda indexed decode: a cache view off 16-byte alignment takes the register path, same result",
+          "[cuda][indexed]") {
+    const std::int64_t n = 200, H = 8, Hkv = 2, d = 128;
+    const auto cache = random_cache<bfloat16>(n, Hkv, d, base_seed() + 2500);
+    const CacheRows rows{random_subset(n, 77, base_seed() + 2501)};
+    const auto q = uniform(static_cast<std::size_t>(H * d), base_seed() + 2502);
+    std::vector<double> ref(static_cast<std::size_t>(H * d));
+    reference::indexed_decode_attention(View2<const float>(q.data(), {H, d}), cache, rows, View2<double>(ref.data(), {H, d}));
+    // K and V one element past a 16-byte boundary.
+    std::vector<bfloat16> kh(static_cast<std::size_t>(Hkv * n * d + 1)), vh(kh.size());
+    for (std::int64_t g = 0; g < Hkv; ++g)
+        for (std::int64_t i = 0; i < n * d; ++i) {
+            kh[static_cast<std::size_t>(1 + g * n * d + i)] = cache.k(g).data[i];
+            vh[static_cast<std::size_t>(1 + g * n * d + i)] = cache.v(g).data[i];
+        }
+    DeviceBuffer<bfloat16> kd(kh), vd(vh);
+    const cuda::KvCacheView<bfloat16> view{kd.p + 1, vd.p + 1, Hkv, d, n * d, n};
+    cuda::DeviceRowLists dl(rows, view);
+    DeviceBuffer<float> qd(q), od(static_cast<std::size_t>(H * d));
+    cuda::indexed_decode_attention(View2<const float>(qd.p, {H, d}), view, dl.view(), View2<float>(od.p, {H, d}));
+    CHECK(nmse(od.get(), ref) <= 1e-9);
+}
+
 TEST_CASE("cuda indexed decode: bad input is a clear error", "[cuda][indexed][errors]") {
     const std::int64_t n = 20, H = 4, Hkv = 2, d = 8;
     auto cache = random_cache<float>(n, Hkv, d, base_seed() + 3000);

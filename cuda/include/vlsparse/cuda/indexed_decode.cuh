@@ -183,7 +183,7 @@ namespace detail {
 
 inline constexpr int kChunk = 64;     // list entries per block of kernel 1
 inline constexpr int kWarps = 4;      // warps per block of kernel 1
-inline constexpr int kUnroll = 4;     // rows per warp step (K and V loads in flight)
+inline constexpr int kRowLanes = 8;   // lanes sharing one row: 4 rows per warp step
 inline constexpr int kMaxHeadDim = 256;
 
 __device__ __forceinline__ float load_f(const float* p) { return __ldg(p); }
@@ -215,15 +215,112 @@ __device__ __forceinline__ float warp_sum(float x) {
     return x;
 }
 
-// Kernel 1. Block (chunk c, KV head g) for query heads g * G + a0 .. + GB. EPL columns per lane.
+// 16-byte global -> shared copies, asynchronous on sm_80+ (cp.async; inline PTX rather than
+// <cuda_pipeline.h>, whose global namespace `cuda` would clash with vlsparse::cuda in user code).
+__device__ __forceinline__ void copy16_async(void* dst_shared, const void* src_global) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst_shared));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src_global));
+#else
+    *reinterpret_cast<uint4*>(dst_shared) = *reinterpret_cast<const uint4*>(src_global);
+#endif
+}
+__device__ __forceinline__ void copy_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int Pending>
+__device__ __forceinline__ void copy_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
+#endif
+}
+
+// Shared-memory reads of a staged tile (16-byte aligned spans; EPL * sizeof(T) a multiple of 16).
+__device__ __forceinline__ float tile_f(const float* p) { return *p; }
+__device__ __forceinline__ float tile_f(const bfloat16* p) {
+    return __uint_as_float(static_cast<unsigned>(*reinterpret_cast<const unsigned short*>(p)) << 16);
+}
+__device__ __forceinline__ float tile_f(const half* p) {
+    return __half2float(*reinterpret_cast<const __half*>(p));
+}
+template <int EPL, class T>
+__device__ __forceinline__ void load_tile_span(const T* p, float (&x)[EPL]) {
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) x[e] = tile_f(p + e);
+}
+
+// EPL consecutive elements of a row (widened), from p (the lane's first column). Vec: the span is
+// 16-byte aligned and EPL * sizeof(T) is a multiple of 16: read as 16-byte vectors.
+template <int EPL, bool Vec>
+__device__ __forceinline__ void load_span(const float* p, int ncols, float (&x)[EPL]) {
+    if constexpr (Vec) {
+#pragma unroll
+        for (int i = 0; i < EPL / 4; ++i) {
+            const float4 f = __ldg(reinterpret_cast<const float4*>(p) + i);
+            x[4 * i] = f.x;
+            x[4 * i + 1] = f.y;
+            x[4 * i + 2] = f.z;
+            x[4 * i + 3] = f.w;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) x[e] = e < ncols ? __ldg(p + e) : 0.0f;
+    }
+}
+template <int EPL, bool Vec>
+__device__ __forceinline__ void load_span(const bfloat16* p, int ncols, float (&x)[EPL]) {
+    if constexpr (Vec) {
+#pragma unroll
+        for (int i = 0; i < EPL / 8; ++i) {
+            const uint4 u = __ldg(reinterpret_cast<const uint4*>(p) + i);
+            const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                x[8 * i + 2 * j] = __uint_as_float(w[j] << 16);
+                x[8 * i + 2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) x[e] = e < ncols ? load_f(p + e) : 0.0f;
+    }
+}
+template <int EPL, bool Vec>
+__device__ __forceinline__ void load_span(const half* p, int ncols, float (&x)[EPL]) {
+    if constexpr (Vec) {
+#pragma unroll
+        for (int i = 0; i < EPL / 8; ++i) {
+            const uint4 u = __ldg(reinterpret_cast<const uint4*>(p) + i);
+            const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
+                x[8 * i + 2 * j] = f.x;
+                x[8 * i + 2 * j + 1] = f.y;
+            }
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) x[e] = e < ncols ? load_f(p + e) : 0.0f;
+    }
+}
+
+// Kernel 1. Block (chunk c, KV head g) for query heads g * G + a0 .. + GB. Lanes 8 s .. 8 s + 7 of a
+// warp share one row (row slot s, 4 rows per warp step); lane j of a slot holds columns
+// [j * EPL, j * EPL + EPL). Running max per head is warp-uniform; each lane sums its slot's rows
+// (sum and output), and the slots are added at the end.
 // Partial layout: part[((h * n_chunks) + c) * (d + 2) + {0: max, 1: sum, 2..: unnormalized out}].
-template <int GB, int EPL, class TQ, class TC>
+template <int GB, int EPL, bool Vec, class TQ, class TC>
 __global__ void __launch_bounds__(kWarps * 32)
     indexed_decode_partial(const TQ* __restrict__ q, std::int64_t q_sh, std::int64_t q_sd, KvCacheView<TC> cache,
                            RowListsView lists, int group, int a0, float scale, int n_chunks, float* __restrict__ part) {
     extern __shared__ float smem[];  // [kWarps][GB][2 + d]
     const int d = static_cast<int>(cache.head_dim);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int slot = lane / kRowLanes, col0 = (lane % kRowLanes) * EPL;
+    const int ncols = max(0, min(EPL, d - col0));
     const int c = blockIdx.x, g = blockIdx.y;
     const std::int64_t li = lists.n_lists == 1 ? 0 : g;
     const std::int64_t off = lists.offsets[li], len = lists.offsets[li + 1] - off;
@@ -234,9 +331,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int a = 0; a < GB; ++a)
 #pragma unroll
         for (int e = 0; e < EPL; ++e) {
-            const int col = lane * EPL + e;
             const std::int64_t h = static_cast<std::int64_t>(g) * group + a0 + a;
-            qr[a][e] = col < d ? scale * load_f(q + h * q_sh + col * q_sd) : 0.0f;
+            qr[a][e] = e < ncols ? scale * load_f(q + h * q_sh + (col0 + e) * q_sd) : 0.0f;
         }
     constexpr float ninf = -INFINITY;
     float m[GB], l[GB], acc[GB][EPL];
@@ -247,71 +343,61 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
         for (int e = 0; e < EPL; ++e) acc[a][e] = 0.0f;
     }
-    const TC* kb = cache.k + g * cache.head_stride;
-    const TC* vb = cache.v + g * cache.head_stride;
+    const TC* kb = cache.k + g * cache.head_stride + col0;
+    const TC* vb = cache.v + g * cache.head_stride + col0;
     const std::int64_t* idx = lists.rows + off;
-    // Warp w takes entries t0 + w * kUnroll + s * kWarps * kUnroll, kUnroll at a time.
-    for (std::int64_t t = t0 + warp * kUnroll; t < t1; t += kWarps * kUnroll) {
-        float kr[kUnroll][EPL], vr[kUnroll][EPL];
-        bool ok[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            ok[u] = t + u < t1;
-            const std::int64_t r = ok[u] ? idx[t + u] : 0;
-#pragma unroll
-            for (int e = 0; e < EPL; ++e) {
-                const int col = lane * EPL + e;
-                const bool in = ok[u] && col < d;
-                kr[u][e] = in ? load_f(kb + r * d + col) : 0.0f;
-                vr[u][e] = in ? load_f(vb + r * d + col) : 0.0f;
-            }
-        }
+    constexpr int kRowsPerStep = 32 / kRowLanes;
+    // Warp w takes entries t0 + w * 4 + i * 16 (4 rows per step, one per slot).
+    for (std::int64_t t = t0 + warp * kRowsPerStep; t < t1; t += kWarps * kRowsPerStep) {
+        const bool ok = t + slot < t1;
+        const std::int64_t r = ok ? idx[t + slot] : idx[t];
+        float kr[EPL], vr[EPL];
+        load_span<EPL, Vec>(kb + r * d, ncols, kr);
+        load_span<EPL, Vec>(vb + r * d, ncols, vr);
 #pragma unroll
         for (int a = 0; a < GB; ++a) {
-            float s[kUnroll];
-            float mx = m[a];
+            float x = 0.0f;
 #pragma unroll
-            for (int u = 0; u < kUnroll; ++u) {
-                float x = 0.0f;
+            for (int e = 0; e < EPL; ++e) x = fmaf(qr[a][e], kr[e], x);
 #pragma unroll
-                for (int e = 0; e < EPL; ++e) x = fmaf(qr[a][e], kr[u][e], x);
-                x = warp_sum(x);
-                s[u] = ok[u] ? x : ninf;
-                mx = fmaxf(mx, s[u]);
+            for (int o = 1; o < kRowLanes; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+            const float sc = ok ? x : ninf;
+            float mx = fmaxf(sc, __shfl_xor_sync(0xffffffffu, sc, 8));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+            mx = fmaxf(mx, m[a]);  // warp-uniform; finite unless a score is +-Inf / NaN
+            const float p = ok ? expf(sc - mx) : 0.0f;
+            if (mx != m[a]) {  // warp-uniform branch: rescale only when the max moves
+                const float corr = m[a] == ninf ? 0.0f : expf(m[a] - mx);
+                l[a] *= corr;
+#pragma unroll
+                for (int e = 0; e < EPL; ++e) acc[a][e] *= corr;
+                m[a] = mx;
             }
-            // mx is finite here unless a score is +-Inf / NaN (then the output is non-finite).
-            const float corr = m[a] == ninf ? 0.0f : expf(m[a] - mx);
-            float p[kUnroll], ps = 0.0f;
+            l[a] += p;
 #pragma unroll
-            for (int u = 0; u < kUnroll; ++u) {
-                p[u] = ok[u] ? expf(s[u] - mx) : 0.0f;
-                ps += p[u];
-            }
-            l[a] = l[a] * corr + ps;
-#pragma unroll
-            for (int e = 0; e < EPL; ++e) {
-                float o = acc[a][e] * corr;
-#pragma unroll
-                for (int u = 0; u < kUnroll; ++u) o = fmaf(p[u], vr[u][e], o);
-                acc[a][e] = o;
-            }
-            m[a] = mx;
+            for (int e = 0; e < EPL; ++e) acc[a][e] = fmaf(p, vr[e], acc[a][e]);
         }
     }
-    // Merge the warps' states in shared memory; one partial per (head, chunk).
+    // Add the 4 slots (same running max), then merge the warps in shared memory.
     const int ps = 2 + d;
 #pragma unroll
     for (int a = 0; a < GB; ++a) {
+        l[a] += __shfl_xor_sync(0xffffffffu, l[a], 8);
+        l[a] += __shfl_xor_sync(0xffffffffu, l[a], 16);
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) {
+            acc[a][e] += __shfl_xor_sync(0xffffffffu, acc[a][e], 8);
+            acc[a][e] += __shfl_xor_sync(0xffffffffu, acc[a][e], 16);
+        }
         float* w = smem + (warp * GB + a) * ps;
         if (lane == 0) {
             w[0] = m[a];
             w[1] = l[a];
         }
+        if (slot == 0)
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) {
-            const int col = lane * EPL + e;
-            if (col < d) w[2 + col] = acc[a][e];
-        }
+            for (int e = 0; e < EPL; ++e)
+                if (e < ncols) w[2 + col0 + e] = acc[a][e];
     }
     __syncthreads();
     for (int i = threadIdx.x; i < GB * (d + 2); i += blockDim.x) {
@@ -332,49 +418,178 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
 }
 
-// Kernel 2. Block h merges head h's partials and writes out[h, :]; flags a non-finite result.
+// Kernel 1, tiled (rows 16-byte aligned): the block copies its chunk's K rows and V rows into
+// shared memory with cp.async (every row of the chunk in flight at once: one round trip to memory
+// per block, the V copy overlapping the scores), then computes from shared memory: scores with 8
+// lanes per row, the chunk's softmax per head by one warp, and each thread a few (head, column)
+// outputs over the chunk's rows. No cross-warp merge: one partial per (head, chunk) directly.
+template <int GB, int EPL, class TQ, class TC>
+__global__ void __launch_bounds__(kWarps * 32)
+    indexed_decode_partial_tiled(const TQ* __restrict__ q, std::int64_t q_sh, std::int64_t q_sd, KvCacheView<TC> cache,
+                                 RowListsView lists, int group, int a0, float scale, int n_chunks, float* __restrict__ part) {
+    extern __shared__ __align__(16) unsigned char shm[];
+    const int d = static_cast<int>(cache.head_dim);
+    const int rowbytes = d * static_cast<int>(sizeof(TC));
+    TC* ks = reinterpret_cast<TC*>(shm);
+    TC* vs = ks + kChunk * d;
+    float* sc = reinterpret_cast<float*>(vs + kChunk * d);  // [GB][kChunk] scores, then probabilities
+    float* stat = sc + GB * kChunk;                          // [GB][2]: max, sum
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int slot = lane / kRowLanes, col0 = (lane % kRowLanes) * EPL;
+    const int c = blockIdx.x, g = blockIdx.y;
+    const std::int64_t li = lists.n_lists == 1 ? 0 : g;
+    const std::int64_t off = lists.offsets[li], len = lists.offsets[li + 1] - off;
+    const std::int64_t t0 = static_cast<std::int64_t>(c) * kChunk;
+    const int cnt = static_cast<int>(max(std::int64_t{0}, min(len - t0, std::int64_t{kChunk})));
+    constexpr float ninf = -INFINITY;
+    if (cnt == 0) {  // a chunk past this head's list: an empty partial
+        for (int i = threadIdx.x; i < GB * (d + 2); i += blockDim.x) {
+            const int a = i / (d + 2), j = i % (d + 2);
+            const std::int64_t h = static_cast<std::int64_t>(g) * group + a0 + a;
+            part[(h * n_chunks + c) * (d + 2) + j] = j == 0 ? ninf : 0.0f;
+        }
+        return;
+    }
+    // The chunk's row indices into shared memory first (one coalesced load), so that issuing the
+    // copies waits on no global load.
+    __shared__ std::int64_t idx[kChunk];
+    for (int r = threadIdx.x; r < cnt; r += blockDim.x) idx[r] = lists.rows[off + t0 + r];
+    __syncthreads();
+    const char* kg = reinterpret_cast<const char*>(cache.k + g * cache.head_stride);
+    const char* vg = reinterpret_cast<const char*>(cache.v + g * cache.head_stride);
+    const int pieces = rowbytes / 16;
+    for (int i = threadIdx.x; i < cnt * pieces; i += blockDim.x) {
+        const int r = i / pieces, p = i % pieces;
+        copy16_async(reinterpret_cast<char*>(ks) + r * rowbytes + p * 16, kg + idx[r] * rowbytes + p * 16);
+    }
+    copy_commit();
+    for (int i = threadIdx.x; i < cnt * pieces; i += blockDim.x) {
+        const int r = i / pieces, p = i % pieces;
+        copy16_async(reinterpret_cast<char*>(vs) + r * rowbytes + p * 16, vg + idx[r] * rowbytes + p * 16);
+    }
+    copy_commit();
+    float qr[GB][EPL];
+#pragma unroll
+    for (int a = 0; a < GB; ++a)
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) {
+            const std::int64_t h = static_cast<std::int64_t>(g) * group + a0 + a;
+            qr[a][e] = scale * load_f(q + h * q_sh + (col0 + e) * q_sd);
+        }
+    copy_wait<1>();  // K tile
+    __syncthreads();
+    // Scores: warp w takes rows w * 4 + i * 16, one per slot of 8 lanes.
+    for (int t = warp * 4 + slot; t - slot < cnt; t += kWarps * 4) {
+        const bool ok = t < cnt;
+        float kr[EPL];
+        load_tile_span<EPL>(ks + (ok ? t : 0) * d + col0, kr);
+#pragma unroll
+        for (int a = 0; a < GB; ++a) {
+            float x = 0.0f;
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) x = fmaf(qr[a][e], kr[e], x);
+#pragma unroll
+            for (int o = 1; o < kRowLanes; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+            if (ok && (lane % kRowLanes) == 0) sc[a * kChunk + t] = x;
+        }
+    }
+    __syncthreads();
+    // Softmax of the chunk per head: warp w takes heads w, w + 4, ...
+    for (int a = warp; a < GB; a += kWarps) {
+        float* sa = sc + a * kChunk;
+        float mx = ninf;
+        for (int t = lane; t < cnt; t += 32) mx = fmaxf(mx, sa[t]);
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float sum = 0.0f;
+        for (int t = lane; t < cnt; t += 32) {
+            const float p = expf(sa[t] - mx);
+            sa[t] = p;
+            sum += p;
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) {
+            stat[2 * a] = mx;
+            stat[2 * a + 1] = sum;
+        }
+    }
+    copy_wait<0>();  // V tile
+    __syncthreads();
+    // Each thread one column for every head of the block: a V element read once serves GB heads.
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        float o[GB];
+#pragma unroll
+        for (int a = 0; a < GB; ++a) o[a] = 0.0f;
+        for (int t = 0; t < cnt; ++t) {
+            const float v = tile_f(vs + t * d + j);
+#pragma unroll
+            for (int a = 0; a < GB; ++a) o[a] = fmaf(sc[a * kChunk + t], v, o[a]);
+        }
+#pragma unroll
+        for (int a = 0; a < GB; ++a) {
+            const std::int64_t h = static_cast<std::int64_t>(g) * group + a0 + a;
+            float* dst = part + (h * n_chunks + c) * (d + 2);
+            dst[2 + j] = o[a];
+            if (j == 0) {
+                dst[0] = stat[2 * a];
+                dst[1] = stat[2 * a + 1];
+            }
+        }
+    }
+}
+
+// Kernel 2. Block h merges head h's partials and writes out[h, :]; flags a non-finite result. Warp w
+// takes chunks w, w + 8, ... (lanes across the columns, independent loads in flight), weighting
+// each by exp(max_c - M); the 8 warps' sums are added in shared memory.
+inline constexpr int kMergeWarps = 8;
+
 template <class TO>
-__global__ void indexed_decode_merge(const float* __restrict__ part, int n_chunks, int d, TO* out, std::int64_t o_sh,
-                                     std::int64_t o_sd, int* status) {
-    __shared__ float red[32];
-    __shared__ float s_m, s_l;
+__global__ void __launch_bounds__(kMergeWarps * 32)
+    indexed_decode_merge(const float* __restrict__ part, int n_chunks, int d, TO* out, std::int64_t o_sh,
+                         std::int64_t o_sd, int* status) {
+    __shared__ float red[kMergeWarps];
+    __shared__ float o_part[kMergeWarps][kMaxHeadDim];
+    __shared__ float l_part[kMergeWarps];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const std::int64_t h = blockIdx.x;
-    const float* ph = part + h * n_chunks * (d + 2);
+    const int ps = d + 2;
+    const float* ph = part + h * n_chunks * ps;
     constexpr float ninf = -INFINITY;
     float M = ninf;
-    for (int c = threadIdx.x; c < n_chunks; c += blockDim.x) M = fmaxf(M, ph[c * (d + 2)]);
+    for (int c = threadIdx.x; c < n_chunks; c += blockDim.x) M = fmaxf(M, ph[c * ps]);
     for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = M;
+    if (lane == 0) red[warp] = M;
     __syncthreads();
-    if (threadIdx.x == 0) {
-        float x = ninf;
-        for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) x = fmaxf(x, red[w]);
-        s_m = x;
+    M = red[0];
+    for (int w = 1; w < kMergeWarps; ++w) M = fmaxf(M, red[w]);
+    constexpr int kCols = kMaxHeadDim / 32;
+    float acc[kCols];
+#pragma unroll
+    for (int k = 0; k < kCols; ++k) acc[k] = 0.0f;
+    float lsum = 0.0f;
+#pragma unroll 4
+    for (int c = warp; c < n_chunks; c += kMergeWarps) {
+        const float* pc = ph + c * ps;
+        const float mc = pc[0];
+        const float wt = mc == ninf ? 0.0f : expf(mc - M);
+        lsum = fmaf(wt, pc[1], lsum);
+#pragma unroll
+        for (int k = 0; k < kCols; ++k) {
+            const int j = lane + 32 * k;
+            if (j < d) acc[k] = fmaf(wt, pc[2 + j], acc[k]);
+        }
     }
+#pragma unroll
+    for (int k = 0; k < kCols; ++k) {
+        const int j = lane + 32 * k;
+        if (j < d) o_part[warp][j] = acc[k];
+    }
+    if (lane == 0) l_part[warp] = lsum;
     __syncthreads();
-    M = s_m;
     float L = 0.0f;
-    for (int c = threadIdx.x; c < n_chunks; c += blockDim.x) {
-        const float mc = ph[c * (d + 2)];
-        if (mc != ninf) L += ph[c * (d + 2) + 1] * expf(mc - M);
-    }
-    L = warp_sum(L);
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = L;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float x = 0.0f;
-        for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) x += red[w];
-        s_l = x;
-    }
-    __syncthreads();
-    L = s_l;
+    for (int w = 0; w < kMergeWarps; ++w) L += l_part[w];
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
         float o = 0.0f;
-        for (int c = 0; c < n_chunks; ++c) {
-            const float mc = ph[c * (d + 2)];
-            if (mc != ninf) o += ph[c * (d + 2) + 2 + j] * expf(mc - M);
-        }
+        for (int w = 0; w < kMergeWarps; ++w) o += o_part[w][j];
         o /= L;
         if (!isfinite(o) && status) atomicOr(status, 1);
         store_f(out + h * o_sh + j * o_sd, o);
@@ -386,19 +601,35 @@ void launch_partial(const View2<const TQ>& q, const KvCacheView<TC>& cache, cons
                     int a0, float scale, int n_chunks, float* part, cudaStream_t stream) {
     const dim3 grid(static_cast<unsigned>(n_chunks), static_cast<unsigned>(cache.n_kv_heads));
     const std::size_t shm = static_cast<std::size_t>(kWarps * GB * (cache.head_dim + 2)) * sizeof(float);
-    indexed_decode_partial<GB, EPL, TQ, TC><<<grid, kWarps * 32, shm, stream>>>(
-        q.data, q.stride[0], q.stride[1], cache, lists, group, a0, scale, n_chunks, part);
+    // 16-byte vector loads when every lane's span is whole and aligned.
+    const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+    const bool vec = (EPL * sizeof(TC)) % 16 == 0 && cache.head_dim == kRowLanes * EPL && aligned(cache.k) &&
+                     aligned(cache.v) && (cache.head_stride * static_cast<std::int64_t>(sizeof(TC))) % 16 == 0;
+    if (vec) {
+        const std::size_t tile = static_cast<std::size_t>(2 * kChunk * cache.head_dim) * sizeof(TC) +
+                                 static_cast<std::size_t>(GB * kChunk + 2 * GB) * sizeof(float);
+        auto* kernel = indexed_decode_partial_tiled<GB, EPL, TQ, TC>;
+        if (tile > 48 * 1024)
+            check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(tile)),
+                       "cuda::indexed_decode_attention", "cudaFuncSetAttribute");
+        kernel<<<grid, kWarps * 32, tile, stream>>>(q.data, q.stride[0], q.stride[1], cache, lists, group, a0, scale,
+                                                    n_chunks, part);
+    } else
+        indexed_decode_partial<GB, EPL, false, TQ, TC><<<grid, kWarps * 32, shm, stream>>>(
+            q.data, q.stride[0], q.stride[1], cache, lists, group, a0, scale, n_chunks, part);
 }
 
+// Heads in blocks of a power of two, at most 64 / EPL (q and the outputs stay in registers).
 template <int EPL, class TQ, class TC>
 void launch_partial_heads(const View2<const TQ>& q, const KvCacheView<TC>& cache, const RowListsView& lists, int group,
                           float scale, int n_chunks, float* part, cudaStream_t stream) {
+    constexpr int cap = std::min(8, 64 / EPL);
     for (int a0 = 0; a0 < group;) {
-        const int left = group - a0;
+        const int left = std::min(group - a0, cap);
         const int gb = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
         switch (gb) {
-            case 8: launch_partial<8, EPL>(q, cache, lists, group, a0, scale, n_chunks, part, stream); break;
-            case 4: launch_partial<4, EPL>(q, cache, lists, group, a0, scale, n_chunks, part, stream); break;
+            case 8: if constexpr (cap >= 8) launch_partial<8, EPL>(q, cache, lists, group, a0, scale, n_chunks, part, stream); break;
+            case 4: if constexpr (cap >= 4) launch_partial<4, EPL>(q, cache, lists, group, a0, scale, n_chunks, part, stream); break;
             case 2: launch_partial<2, EPL>(q, cache, lists, group, a0, scale, n_chunks, part, stream); break;
             default: launch_partial<1, EPL>(q, cache, lists, group, a0, scale, n_chunks, part, stream); break;
         }
@@ -448,15 +679,15 @@ void indexed_decode_attention(View2<const TQ> q, const KvCacheView<TC>& cache, c
     if (opt.check_finite) detail::check_cuda(cudaMemsetAsync(status, 0, sizeof(int), stream), fn, "cudaMemsetAsync");
     const int group = static_cast<int>(H / Hkv);
     if (d <= 32)
-        detail::launch_partial_heads<1>(q, cache, lists, group, scale, n_chunks, part, stream);
-    else if (d <= 64)
-        detail::launch_partial_heads<2>(q, cache, lists, group, scale, n_chunks, part, stream);
-    else if (d <= 128)
         detail::launch_partial_heads<4>(q, cache, lists, group, scale, n_chunks, part, stream);
-    else
+    else if (d <= 64)
         detail::launch_partial_heads<8>(q, cache, lists, group, scale, n_chunks, part, stream);
+    else if (d <= 128)
+        detail::launch_partial_heads<16>(q, cache, lists, group, scale, n_chunks, part, stream);
+    else
+        detail::launch_partial_heads<32>(q, cache, lists, group, scale, n_chunks, part, stream);
     detail::check_cuda(cudaGetLastError(), fn, "kernel launch (partials)");
-    detail::indexed_decode_merge<TO><<<static_cast<unsigned>(H), 128, 0, stream>>>(
+    detail::indexed_decode_merge<TO><<<static_cast<unsigned>(H), detail::kMergeWarps * 32, 0, stream>>>(
         part, n_chunks, static_cast<int>(d), out.data, out.stride[0], out.stride[1], opt.check_finite ? status : nullptr);
     detail::check_cuda(cudaGetLastError(), fn, "kernel launch (merge)");
     int flag = 0;
