@@ -289,6 +289,36 @@ TEST_CASE("blindsight: masked attention simd vs reference vs dense attention ove
     }
 }
 
+TEST_CASE("blindsight: masked engine with small blocks, chunks and packing slots", "[blindsight][attention]") {
+    // The public call uses the default blocking and a packing slot that holds every KV head here;
+    // small values reach the paths large prompts take: several query blocks and key chunks per
+    // item, gathered chunks of single keys, and K/V heads packed a few at a time in turn.
+    const auto seed = vt::base_seed() + 77;
+    INFO("seed " << seed);
+    const Layout L = Layout::parse(kLayouts[3]);
+    const std::int64_t n = L.n(), d = 16;
+    const MaskContext c = make_mask_context(L, option_sets()[1]);
+    for (const std::int64_t Hkv : {2, 4}) {
+        const std::int64_t H = 8;
+        const auto heads = mixed_heads(H, seed + static_cast<std::uint64_t>(Hkv));
+        const BlockMask bm = make_block_mask(c, heads, 8, 8);
+        const auto in = make_qkv<float>(n, H, Hkv, d, seed + 10 + static_cast<std::uint64_t>(Hkv));
+        std::vector<double> ref(static_cast<std::size_t>(n * H * d));
+        reference::masked_attention(in.qv(), in.kv(), in.vv(), c, heads, View3<double>(ref.data(), {n, H, d}));
+        const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+        for (const auto blocking : {simd::detail::Blocking{1, 1}, simd::detail::Blocking{4, 3}, simd::detail::Blocking{7, 16}}) {
+            for (const std::int64_t pack : {std::int64_t{1}, std::int64_t{4096}, simd::detail::kMaskedPackBytes}) {
+                INFO("H_kv " << Hkv << ", q_block " << blocking.q_block << ", k_chunk " << blocking.k_chunk
+                             << ", pack_bytes " << pack);
+                std::vector<float> out(ref.size(), -1.0f);
+                simd::detail::run_masked_attention<simd::detail::native_arch>(
+                    in.qv(), in.kv(), in.vv(), bm, View3<float>(out.data(), {n, H, d}), scale, blocking, pack);
+                REQUIRE(vt::nmse(out, ref) <= vt::kFastVsReference.attention_nmse);
+            }
+        }
+    }
+}
+
 TEST_CASE("blindsight: Dense template equals dense causal attention; head-major strides", "[blindsight][attention]") {
     const auto seed = vt::base_seed() + 5;
     INFO("seed " << seed);
