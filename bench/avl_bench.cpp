@@ -20,6 +20,8 @@
 
 #include <vlsparse/vlsparse.hpp>
 
+#include "bench_util.hpp"
+
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -96,21 +98,8 @@ void run(const char* dtype, std::int64_t n, double frac, int reps, double bw) {
     KvCache<T> cache(Hkv, d);
     cache.assign(View3<const T>(k.data(), {n, Hkv, d}), View3<const T>(v.data(), {n, Hkv, d}));
     // 10% contiguous rows at the end ("text" + decode tokens), the rest of the budget scattered.
-    const auto m = static_cast<std::int64_t>(frac * static_cast<double>(n));
-    const std::int64_t tail = n / 10;
-    std::vector<std::uint8_t> in(static_cast<std::size_t>(n), 0);
-    for (std::int64_t i = n - tail; i < n; ++i) in[static_cast<std::size_t>(i)] = 1;
-    std::int64_t have = tail;
-    while (have < m) {
-        const auto i = static_cast<std::int64_t>(rng.uniform() * static_cast<double>(n - tail));
-        if (!in[static_cast<std::size_t>(i)]) {
-            in[static_cast<std::size_t>(i)] = 1;
-            ++have;
-        }
-    }
-    CacheRows rows(1);
-    for (std::int64_t i = 0; i < n; ++i)
-        if (in[static_cast<std::size_t>(i)]) rows[0].push_back(i);
+    const CacheRows rows{bench::avl_shaped_rows(n, frac, rng)};
+    const auto m = static_cast<std::int64_t>(rows[0].size());
     std::vector<float> out(static_cast<std::size_t>(H * d));
     const View2<const T> qv(q.data(), {H, d});
     const View2<float> ov(out.data(), {H, d});

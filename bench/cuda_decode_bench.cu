@@ -23,6 +23,8 @@
 #include <vlsparse/cuda/indexed_decode.cuh>
 #include <vlsparse/kv/kv_cache.hpp>
 
+#include "bench_util.hpp"
+
 using namespace vlsparse;
 
 namespace {
@@ -89,23 +91,9 @@ void run(const char* dtype, std::int64_t n, double frac, int reps, double bw, Ti
     for (auto& x : q) x = static_cast<float>(rng.uniform() - 0.5);
     KvCache<T> cache(Hkv, d);
     cache.assign(View3<const T>(k.data(), {n, Hkv, d}), View3<const T>(v.data(), {n, Hkv, d}));
-    const auto m = static_cast<std::int64_t>(frac * static_cast<double>(n));
-    const std::int64_t tail = n / 10;
-    std::vector<std::uint8_t> in(static_cast<std::size_t>(n), 0);
-    for (std::int64_t i = n - tail; i < n; ++i) in[static_cast<std::size_t>(i)] = 1;
-    std::int64_t have = tail;
-    while (have < m) {
-        const auto i = static_cast<std::int64_t>(rng.uniform() * static_cast<double>(n - tail));
-        if (!in[static_cast<std::size_t>(i)]) {
-            in[static_cast<std::size_t>(i)] = 1;
-            ++have;
-        }
-    }
-    CacheRows rows(1), all(1);
-    for (std::int64_t i = 0; i < n; ++i) {
-        all[0].push_back(i);
-        if (in[static_cast<std::size_t>(i)]) rows[0].push_back(i);
-    }
+    const CacheRows rows{bench::avl_shaped_rows(n, frac, rng)};  // the list avl_bench reads
+    CacheRows all(1);
+    for (std::int64_t i = 0; i < n; ++i) all[0].push_back(i);
     cuda::DeviceKvCache<T> dc(cache);
     cuda::DeviceRowLists dl(rows, cache), da(all, cache);
     float *qd = nullptr, *od = nullptr;

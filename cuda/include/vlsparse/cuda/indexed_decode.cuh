@@ -269,26 +269,16 @@ __device__ __forceinline__ void load_span(const float* p, int ncols, float (&x)[
         for (int e = 0; e < EPL; ++e) x[e] = e < ncols ? __ldg(p + e) : 0.0f;
     }
 }
-template <int EPL, bool Vec>
-__device__ __forceinline__ void load_span(const bfloat16* p, int ncols, float (&x)[EPL]) {
-    if constexpr (Vec) {
-#pragma unroll
-        for (int i = 0; i < EPL / 8; ++i) {
-            const uint4 u = __ldg(reinterpret_cast<const uint4*>(p) + i);
-            const unsigned w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                x[8 * i + 2 * j] = __uint_as_float(w[j] << 16);
-                x[8 * i + 2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-            }
-        }
-    } else {
-#pragma unroll
-        for (int e = 0; e < EPL; ++e) x[e] = e < ncols ? load_f(p + e) : 0.0f;
-    }
+// Two 16-bit elements packed in one 32-bit word, widened (element 0 in the low half).
+__device__ __forceinline__ float2 widen_pair(unsigned w, const bfloat16*) {
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
 }
-template <int EPL, bool Vec>
-__device__ __forceinline__ void load_span(const half* p, int ncols, float (&x)[EPL]) {
+__device__ __forceinline__ float2 widen_pair(unsigned w, const half*) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&w));
+}
+template <int EPL, bool Vec, class T16>
+__device__ __forceinline__ void load_span(const T16* p, int ncols, float (&x)[EPL]) {
+    static_assert(sizeof(T16) == 2, "16-bit element types only");
     if constexpr (Vec) {
 #pragma unroll
         for (int i = 0; i < EPL / 8; ++i) {
@@ -296,7 +286,7 @@ __device__ __forceinline__ void load_span(const half* p, int ncols, float (&x)[E
             const unsigned w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
+                const float2 f = widen_pair(w[j], p);
                 x[8 * i + 2 * j] = f.x;
                 x[8 * i + 2 * j + 1] = f.y;
             }
