@@ -297,6 +297,18 @@ __device__ __forceinline__ void load_span(const T16* p, int ncols, float (&x)[EP
     }
 }
 
+// q . row over the 8 lanes that share a row (each holds EPL columns of both): every lane of the
+// slot gets the sum.
+template <int EPL>
+__device__ __forceinline__ float row_dot(const float (&q)[EPL], const float (&k)[EPL]) {
+    float x = 0.0f;
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) x = fmaf(q[e], k[e], x);
+#pragma unroll
+    for (int o = 1; o < kRowLanes; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
 // Kernel 1. Block (chunk c, KV head g) for query heads g * G + a0 .. + GB. Lanes 8 s .. 8 s + 7 of a
 // warp share one row (row slot s, 4 rows per warp step); lane j of a slot holds columns
 // [j * EPL, j * EPL + EPL). Running max per head is warp-uniform; each lane sums its slot's rows
@@ -346,11 +358,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         load_span<EPL, Vec>(vb + r * d, ncols, vr);
 #pragma unroll
         for (int a = 0; a < GB; ++a) {
-            float x = 0.0f;
-#pragma unroll
-            for (int e = 0; e < EPL; ++e) x = fmaf(qr[a][e], kr[e], x);
-#pragma unroll
-            for (int o = 1; o < kRowLanes; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+            const float x = row_dot(qr[a], kr);
             const float sc = ok ? x : ninf;
             float mx = fmaxf(sc, __shfl_xor_sync(0xffffffffu, sc, 8));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
@@ -475,11 +483,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         load_tile_span<EPL>(ks + (ok ? t : 0) * d + col0, kr);
 #pragma unroll
         for (int a = 0; a < GB; ++a) {
-            float x = 0.0f;
-#pragma unroll
-            for (int e = 0; e < EPL; ++e) x = fmaf(qr[a][e], kr[e], x);
-#pragma unroll
-            for (int o = 1; o < kRowLanes; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+            const float x = row_dot(qr[a], kr);
             if (ok && (lane % kRowLanes) == 0) sc[a * kChunk + t] = x;
         }
     }
