@@ -1,0 +1,195 @@
+// vlsparse/cuda/common.cuh -- what every CUDA kernel family of vlsparse shares: CUDA status checks,
+// an owning device array, element loads / stores widened to fp32, and asynchronous copies.
+// Namespace vlsparse::cuda (detail:: for the device helpers). Include from a .cu translation unit
+// compiled by nvcc (C++20); the families' headers include it.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "vlsparse/core/dtype.hpp"
+#include "vlsparse/core/error.hpp"
+
+namespace vlsparse::cuda {
+
+namespace detail {
+
+using ::vlsparse::detail::require;
+
+// Throws vlsparse::error naming the function, the CUDA call and the CUDA error unless e == cudaSuccess.
+inline void check_cuda(cudaError_t e, const char* fn, const char* what) {
+    require(e == cudaSuccess, fn, what, " failed: ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+}
+
+// The kernel launch just issued on this thread: a launch error (bad configuration, no device code for
+// this GPU) as a vlsparse::error.
+inline void check_launch(const char* fn, const char* kernel) {
+    const cudaError_t e = cudaGetLastError();
+    require(e == cudaSuccess, fn, "launch of ", kernel, " failed: ", cudaGetErrorName(e), " (", cudaGetErrorString(e),
+            ")");
+}
+
+}  // namespace detail
+
+// An owning array in device memory (cudaMalloc / cudaFree), for tests, benchmarks and the owning
+// convenience types; engines pass their own pointers instead.
+template <class T>
+class DeviceArray {
+public:
+    DeviceArray() = default;
+    explicit DeviceArray(std::size_t count) : n_(count) {
+        if (n_ > 0) detail::check_cuda(cudaMalloc(&p_, n_ * sizeof(T)), "cuda::DeviceArray", "cudaMalloc");
+    }
+    explicit DeviceArray(std::span<const T> host) : DeviceArray(host.size()) { upload(host); }
+    explicit DeviceArray(const std::vector<T>& host) : DeviceArray(std::span<const T>(host)) {}
+    DeviceArray(const DeviceArray&) = delete;
+    DeviceArray& operator=(const DeviceArray&) = delete;
+    DeviceArray(DeviceArray&& o) noexcept : p_(o.p_), n_(o.n_) {
+        o.p_ = nullptr;
+        o.n_ = 0;
+    }
+    DeviceArray& operator=(DeviceArray&& o) noexcept {
+        if (this != &o) {
+            cudaFree(p_);
+            p_ = o.p_;
+            n_ = o.n_;
+            o.p_ = nullptr;
+            o.n_ = 0;
+        }
+        return *this;
+    }
+    ~DeviceArray() { cudaFree(p_); }
+
+    T* data() const { return p_; }
+    std::size_t size() const { return n_; }
+    // Synchronous copies (tests, set-up); the count must match.
+    void upload(std::span<const T> host) {
+        detail::require(host.size() == n_, "cuda::DeviceArray::upload", "got ", host.size(), " elements, expected ", n_);
+        if (n_ > 0)
+            detail::check_cuda(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), "cuda::DeviceArray",
+                               "cudaMemcpy");
+    }
+    std::vector<T> download() const {
+        std::vector<T> h(n_);
+        if (n_ > 0)
+            detail::check_cuda(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), "cuda::DeviceArray",
+                               "cudaMemcpy");
+        return h;
+    }
+    // Every byte set to `byte` (tests poison outputs with 0xff: NaN in every float type).
+    void fill_bytes(int byte) {
+        if (n_ > 0) detail::check_cuda(cudaMemset(p_, byte, n_ * sizeof(T)), "cuda::DeviceArray", "cudaMemset");
+    }
+
+private:
+    T* p_ = nullptr;
+    std::size_t n_ = 0;
+};
+
+namespace detail {
+
+// ---- element loads and stores, widened to / rounded from fp32 -----------------------------------
+
+__device__ __forceinline__ float load_f(const float* p) { return __ldg(p); }
+__device__ __forceinline__ float load_f(const half* p) {
+    const unsigned short b = __ldg(reinterpret_cast<const unsigned short*>(p));
+    return __half2float(__ushort_as_half(b));
+}
+__device__ __forceinline__ float load_f(const bfloat16* p) {
+    const unsigned short b = __ldg(reinterpret_cast<const unsigned short*>(p));
+    return __uint_as_float(static_cast<unsigned>(b) << 16);
+}
+// Plain (non-__ldg) loads, for memory the same kernel may have written.
+__device__ __forceinline__ float plain_f(const float* p) { return *p; }
+__device__ __forceinline__ float plain_f(const bfloat16* p) {
+    return __uint_as_float(static_cast<unsigned>(*reinterpret_cast<const unsigned short*>(p)) << 16);
+}
+__device__ __forceinline__ float plain_f(const half* p) { return __half2float(*reinterpret_cast<const __half*>(p)); }
+
+__device__ __forceinline__ void store_f(float* p, float x) { *p = x; }
+__device__ __forceinline__ void store_f(half* p, float x) {
+    *reinterpret_cast<unsigned short*>(p) = __half_as_ushort(__float2half_rn(x));
+}
+__device__ __forceinline__ void store_f(bfloat16* p, float x) {
+    // Round to nearest even, NaN kept quiet: the same rounding as vlsparse::bfloat16(float).
+    const unsigned u = __float_as_uint(x);
+    unsigned short b;
+    if ((u & 0x7fffffffu) > 0x7f800000u) b = static_cast<unsigned short>((u >> 16) | 0x40u);
+    else b = static_cast<unsigned short>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    *reinterpret_cast<unsigned short*>(p) = b;
+}
+
+// Two 16-bit elements packed in one 32-bit word, widened (element 0 in the low half).
+__device__ __forceinline__ float2 widen_pair(unsigned w, const bfloat16*) {
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+__device__ __forceinline__ float2 widen_pair(unsigned w, const half*) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&w));
+}
+
+// 16 bytes (one uint4) of elements widened: 8 for 16-bit types, 4 for fp32.
+template <class T>
+inline constexpr int kPerVec16 = 16 / static_cast<int>(sizeof(T));
+
+template <class T>
+__device__ __forceinline__ void widen16(const uint4& u, float* x) {
+    if constexpr (sizeof(T) == 4) {
+        x[0] = __uint_as_float(u.x);
+        x[1] = __uint_as_float(u.y);
+        x[2] = __uint_as_float(u.z);
+        x[3] = __uint_as_float(u.w);
+    } else {
+        const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const float2 f = widen_pair(w[j], static_cast<const T*>(nullptr));
+            x[2 * j] = f.x;
+            x[2 * j + 1] = f.y;
+        }
+    }
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+// ---- asynchronous global -> shared copies (cp.async, sm_80+; inline PTX rather than
+// <cuda_pipeline.h>, whose global namespace `cuda` would clash with vlsparse::cuda in user code) ----
+
+// 16 bytes; with `valid` false the destination is zero-filled and nothing is read.
+__device__ __forceinline__ void copy16_async(void* dst_shared, const void* src_global, bool valid = true) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst_shared));
+    const int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src_global), "r"(n));
+#else
+    *reinterpret_cast<uint4*>(dst_shared) = valid ? *reinterpret_cast<const uint4*>(src_global) : make_uint4(0, 0, 0, 0);
+#endif
+}
+__device__ __forceinline__ void copy_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int Pending>
+__device__ __forceinline__ void copy_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
+#endif
+}
+
+}  // namespace detail
+
+}  // namespace vlsparse::cuda

@@ -1,0 +1,216 @@
+// vlsparse/kv/kv_batch.hpp -- a batch of sequences' KV caches, contiguous or paged, and the row lists
+// a decode step reads from them: the description an engine hands to the reference, the CPU path and
+// the CUDA kernels alike (plain structs of pointers and strides, usable in host and device code).
+//
+// Sequence b holds seq_lens[b] rows per KV head (all KV heads of a sequence hold the same rows).
+// Row r of sequence b, KV head g lives at
+//
+//     page = block_table ? block_table[b * block_table_stride + r / page_size] : b
+//     K:  k + page * page_stride + (r % page_size) * row_stride + g * head_stride   (V: same from v)
+//
+// with head_dim contiguous elements. Two layouts of this one formula:
+//   - contiguous: block_table == nullptr; "page" b is the whole of sequence b (page_size = its
+//     capacity in rows, page_stride = the distance between sequences); B = 1 is the single-buffer
+//     cache of an engine that keeps one sequence;
+//   - paged (vLLM, FlashInfer): pages of page_size rows drawn from one pool of n_pages pages, listed
+//     per sequence in a block table [batch, block_table_stride]; NHD pages (row_stride = H_kv * d,
+//     head_stride = d) and HND pages (head_stride = page_size * d, row_stride = d) both fit.
+//
+// Row lists (BatchRowLists) name LOGICAL rows of a sequence (0 <= r < seq_lens[b]), never pages, so a
+// list means the same thing in either layout and pages are never gathered. CSR over (sequence, list):
+// list l of sequence b is indices[indptr[b * lists_per_seq + l] .. indptr[b * lists_per_seq + l + 1]);
+// lists_per_seq is 1 (one list read by every KV head) or H_kv (one per KV head); each list sorted
+// ascending, no duplicates. indptr == nullptr means "every row" (dense decode).
+//
+// Queries of a step: q [total_q, H, d] (token-major, strides in elements), sequence b owning rows
+// q_indptr[b] .. q_indptr[b + 1] (q_len_b = 1 for plain decode, up to kMaxQueriesPerSeq for
+// speculative / chunked decode). The new tokens are already appended: they are the last q_len_b rows
+// of the sequence, and query i of sequence b sees rows r <= seq_lens[b] - q_len_b + i (causal among
+// the new tokens; every older row is visible).
+//
+// Where the pointers point (host or device memory) is the caller's business: the reference and the
+// CPU path read host memory, the CUDA path device memory. The host-side checks below validate the
+// metadata a caller always has on the host (batch size, lengths, indptr arrays, strides).
+// Include: <vlsparse/vlsparse.hpp> (or this header alone).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <type_traits>
+
+#include "vlsparse/core/config.hpp"
+#include "vlsparse/core/error.hpp"
+
+namespace vlsparse {
+
+// The most queries one sequence may bring to one decode step (q_len: speculative / chunked decode).
+inline constexpr std::int32_t kMaxQueriesPerSeq = 8;
+
+// Where a batch's K/V rows live (see the header comment). T is const for read-only use.
+template <class T>
+struct KvBatchView {
+    T* k = nullptr;
+    T* v = nullptr;
+    std::int32_t batch = 0;       // sequences
+    std::int32_t n_kv_heads = 0;  // H_kv
+    std::int32_t head_dim = 0;    // d
+    std::int64_t page_size = 0;   // rows per page (contiguous: each sequence's capacity)
+    std::int64_t page_stride = 0, row_stride = 0, head_stride = 0;  // elements
+    // Paged: pages in the pool (every block-table entry is in [0, n_pages)). Contiguous: 0 (unused).
+    std::int64_t n_pages = 0;
+    const std::int32_t* block_table = nullptr;  // [batch, block_table_stride]; null: contiguous
+    std::int64_t block_table_stride = 0;         // entries per sequence (pages it may address)
+    const std::int32_t* seq_lens = nullptr;      // [batch]: rows each sequence holds now
+
+    VLSPARSE_HD bool paged() const { return block_table != nullptr; }
+    // Element offset of row r of sequence b, KV head g (r < seq_lens[b]; not checked here).
+    VLSPARSE_HD std::int64_t offset(std::int64_t b, std::int64_t r, std::int64_t g) const {
+        const std::int64_t page = block_table ? block_table[b * block_table_stride + r / page_size] : b;
+        return page * page_stride + (r % page_size) * row_stride + g * head_stride;
+    }
+    VLSPARSE_HD T* k_row(std::int64_t b, std::int64_t r, std::int64_t g) const { return k + offset(b, r, g); }
+    VLSPARSE_HD T* v_row(std::int64_t b, std::int64_t r, std::int64_t g) const { return v + offset(b, r, g); }
+    // Rows sequence b can hold without new pages (contiguous: page_size; paged: table width x P).
+    VLSPARSE_HD std::int64_t capacity() const { return block_table ? block_table_stride * page_size : page_size; }
+
+    // A read-only view of the same cache.
+    template <class U = T>
+        requires(!std::is_const_v<U>)
+    VLSPARSE_HD operator KvBatchView<const U>() const {
+        return {k, v, batch, n_kv_heads, head_dim, page_size, page_stride, row_stride, head_stride, n_pages,
+                block_table, block_table_stride, seq_lens};
+    }
+};
+
+// Row lists of a decode step, CSR over (sequence, list) (see the header comment).
+struct BatchRowLists {
+    const std::int32_t* indptr = nullptr;   // [batch * lists_per_seq + 1], indptr[0] == 0; null: every row
+    const std::int32_t* indices = nullptr;  // logical rows, ascending and unique within each list
+    std::int32_t lists_per_seq = 1;         // 1 (shared by the KV heads) or H_kv
+
+    VLSPARSE_HD bool dense() const { return indptr == nullptr; }
+    // Which list KV head g of sequence b reads.
+    VLSPARSE_HD std::int64_t list_of(std::int64_t b, std::int64_t g) const {
+        return b * lists_per_seq + (lists_per_seq == 1 ? 0 : g);
+    }
+};
+
+// A contiguous cache of B sequences in one buffer [B, capacity, H_kv, d] (token-major, the layout of
+// View3 caches); seq_lens: [B].
+template <class T>
+VLSPARSE_HD KvBatchView<T> contiguous_kv_batch(T* k, T* v, std::int32_t batch, std::int64_t capacity,
+                                               std::int32_t n_kv_heads, std::int32_t head_dim,
+                                               const std::int32_t* seq_lens) {
+    const std::int64_t row = static_cast<std::int64_t>(n_kv_heads) * head_dim;
+    return {k, v, batch, n_kv_heads, head_dim, capacity, capacity * row, row, head_dim, 0, nullptr, 0, seq_lens};
+}
+
+// A paged cache in NHD pages: pool [n_pages, page_size, H_kv, d] (vLLM's and FlashInfer's NHD layout);
+// block_table [batch, block_table_stride].
+template <class T>
+VLSPARSE_HD KvBatchView<T> paged_kv_batch_nhd(T* k, T* v, std::int32_t batch, std::int64_t n_pages,
+                                              std::int64_t page_size, std::int32_t n_kv_heads, std::int32_t head_dim,
+                                              const std::int32_t* block_table, std::int64_t block_table_stride,
+                                              const std::int32_t* seq_lens) {
+    const std::int64_t row = static_cast<std::int64_t>(n_kv_heads) * head_dim;
+    return {k, v, batch, n_kv_heads, head_dim, page_size, page_size * row, row, head_dim, n_pages, block_table,
+            block_table_stride, seq_lens};
+}
+
+// A paged cache in HND pages: pool [n_pages, H_kv, page_size, d] (FlashInfer's HND layout).
+template <class T>
+VLSPARSE_HD KvBatchView<T> paged_kv_batch_hnd(T* k, T* v, std::int32_t batch, std::int64_t n_pages,
+                                              std::int64_t page_size, std::int32_t n_kv_heads, std::int32_t head_dim,
+                                              const std::int32_t* block_table, std::int64_t block_table_stride,
+                                              const std::int32_t* seq_lens) {
+    return {k, v, batch, n_kv_heads, head_dim, page_size, page_size * n_kv_heads * head_dim, head_dim,
+            page_size * head_dim, n_pages, block_table, block_table_stride, seq_lens};
+}
+
+// The host-side copy of a step's metadata that every backend's checks (and the CUDA plan) read:
+// lengths and indptr arrays, never the K/V rows or the list entries themselves.
+struct DecodeBatchHost {
+    std::span<const std::int32_t> seq_lens;     // [batch]
+    std::span<const std::int32_t> q_indptr;     // [batch + 1]; empty: one query per sequence
+    std::span<const std::int32_t> list_indptr;  // [batch * lists_per_seq + 1]; empty: dense (every row)
+    std::int32_t lists_per_seq = 1;
+
+    std::int64_t q_len(std::int64_t b) const {
+        return q_indptr.empty() ? 1 : q_indptr[static_cast<std::size_t>(b + 1)] - q_indptr[static_cast<std::size_t>(b)];
+    }
+    std::int64_t total_q(std::int64_t batch) const {
+        return q_indptr.empty() ? batch : q_indptr[static_cast<std::size_t>(batch)];
+    }
+    // Rows list l of sequence b reads (dense: all of them).
+    std::int64_t list_len(std::int64_t b, std::int64_t l) const {
+        if (list_indptr.empty()) return seq_lens[static_cast<std::size_t>(b)];
+        const auto i = static_cast<std::size_t>(b * lists_per_seq + l);
+        return list_indptr[i + 1] - list_indptr[i];
+    }
+};
+
+namespace detail {
+
+// Checks the cache description against the host metadata: shapes, strides that keep every row of
+// every sequence inside its own page and head, lengths within capacity, q_len in 1..kMaxQueriesPerSeq
+// and <= seq_len, indptr arrays monotone with list lengths <= seq_len. `meta.seq_lens` must hold the
+// same lengths as `cache.seq_lens` (which may point to device memory).
+template <class T>
+void check_kv_batch(const KvBatchView<T>& cache, const DecodeBatchHost& meta, std::int64_t n_heads, const char* fn) {
+    const std::int64_t B = cache.batch, Hkv = cache.n_kv_heads, d = cache.head_dim;
+    require(B >= 1, fn, "batch = ", B, ", expected at least one sequence");
+    require(Hkv >= 1 && d >= 1, fn, "cache has H_kv = ", Hkv, ", head_dim = ", d, "; expected both >= 1");
+    require(n_heads >= 1 && n_heads % Hkv == 0, fn, "H = ", n_heads, " query heads is not a positive multiple of H_kv = ",
+            Hkv);
+    require(cache.k != nullptr && cache.v != nullptr && cache.seq_lens != nullptr, fn,
+            "the cache view has a null K, V or seq_lens pointer");
+    require(cache.page_size >= 1, fn, "page_size = ", cache.page_size, ", expected >= 1");
+    require(cache.row_stride >= 0 && cache.head_stride >= 0 && cache.page_stride >= 0, fn,
+            "negative strides (page ", cache.page_stride, ", row ", cache.row_stride, ", head ", cache.head_stride, ")");
+    // Rows and heads of one page must not overlap: the (row, head) grid of d-element spans fits the page.
+    const bool rows_outer = cache.row_stride >= cache.head_stride;
+    const std::int64_t inner = rows_outer ? cache.head_stride : cache.row_stride;
+    const std::int64_t inner_n = rows_outer ? Hkv : cache.page_size;
+    const std::int64_t outer = rows_outer ? cache.row_stride : cache.head_stride;
+    const std::int64_t outer_n = rows_outer ? cache.page_size : Hkv;
+    require((inner_n == 1 || inner >= d) && (outer_n == 1 || outer >= inner * (inner_n - 1) + d), fn,
+            "strides (row ", cache.row_stride, ", head ", cache.head_stride, ") make rows or heads of d = ", d,
+            " elements overlap");
+    require(B == 1 && !cache.paged() ? true : cache.page_stride >= outer * (outer_n - 1) + inner * (inner_n - 1) + d, fn,
+            "page_stride = ", cache.page_stride, " is smaller than one page's span (", outer * (outer_n - 1) + inner * (inner_n - 1) + d,
+            " elements): pages (or sequences) overlap");
+    if (cache.paged()) {
+        require(cache.n_pages >= 1, fn, "paged cache with n_pages = ", cache.n_pages, ", expected >= 1");
+        require(cache.block_table_stride >= 1, fn, "block_table_stride = ", cache.block_table_stride, ", expected >= 1");
+    }
+    require(static_cast<std::int64_t>(meta.seq_lens.size()) == B, fn, "seq_lens has ", meta.seq_lens.size(),
+            " entries, expected batch = ", B);
+    require(meta.lists_per_seq == 1 || meta.lists_per_seq == Hkv, fn, "lists_per_seq = ", meta.lists_per_seq,
+            ", expected 1 (shared) or H_kv = ", Hkv);
+    require(meta.q_indptr.empty() || static_cast<std::int64_t>(meta.q_indptr.size()) == B + 1, fn, "q_indptr has ",
+            meta.q_indptr.size(), " entries, expected batch + 1 = ", B + 1, " (or none: one query per sequence)");
+    if (!meta.q_indptr.empty()) require(meta.q_indptr[0] == 0, fn, "q_indptr[0] = ", meta.q_indptr[0], ", expected 0");
+    const std::int64_t n_lists = B * meta.lists_per_seq;
+    require(meta.list_indptr.empty() || static_cast<std::int64_t>(meta.list_indptr.size()) == n_lists + 1, fn,
+            "list indptr has ", meta.list_indptr.size(), " entries, expected batch x lists_per_seq + 1 = ", n_lists + 1,
+            " (or none: dense)");
+    if (!meta.list_indptr.empty())
+        require(meta.list_indptr[0] == 0, fn, "list indptr[0] = ", meta.list_indptr[0], ", expected 0");
+    for (std::int64_t b = 0; b < B; ++b) {
+        const std::int64_t len = meta.seq_lens[static_cast<std::size_t>(b)];
+        require(len >= 1 && len <= cache.capacity(), fn, "sequence ", b, " holds ", len, " rows, expected 1..",
+                cache.capacity(), cache.paged() ? " (block_table_stride x page_size)" : " (its capacity, page_size)");
+        const std::int64_t ql = meta.q_len(b);
+        require(ql >= 1 && ql <= kMaxQueriesPerSeq && ql <= len, fn, "sequence ", b, " has q_len = ", ql,
+                ", expected 1..", kMaxQueriesPerSeq, " and <= its ", len, " rows (the new tokens are appended first)");
+        for (std::int64_t l = 0; l < (meta.list_indptr.empty() ? 0 : meta.lists_per_seq); ++l) {
+            const std::int64_t n = meta.list_len(b, l);
+            require(n >= 1 && n <= len, fn, "list ", l, " of sequence ", b, " has ", n, " entries, expected 1..", len,
+                    " (its rows)");
+        }
+    }
+}
+
+}  // namespace detail
+
+}  // namespace vlsparse
