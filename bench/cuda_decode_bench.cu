@@ -1,27 +1,32 @@
-// CUDA indexed decode attention (A-VL's non-refresh steps, ZipVL's decode) against dense decode over
-// the full cache, on one layer's KV cache in GPU memory -- the GPU counterpart of avl_bench.
+// CUDA batched decode attention (vlsparse/cuda/decode.cuh): dense decode and decode over row lists,
+// contiguous and paged caches, B sequences per launch -- the GPU counterpart of avl_bench, and the
+// vlsparse half of the comparison with PyTorch (bench/torch_decode_bench.py runs the same grid;
+// bench/cuda_decode_report.py joins the two CSV files; bench/run_cuda.sh runs all three).
 //
-// The cache holds n tokens (default 16384) of H_kv = 8 KV heads, d = 128, queried by H = 32 heads
-// (GQA 4); the list keeps `frac` (default 30%) of the rows, built as avl_bench builds it (10%
-// contiguous rows at the end, the rest scattered at random). Dense decode is the same call with
-// every row listed. Before every timed run a 512 MiB buffer is written, so the 50 MiB L2 holds
-// none of the cache; each time is a CUDA-event interval around one call (workspace preallocated,
-// check_finite off), median of --reps runs after 3 warm-ups. The device's read bandwidth is
-// measured in the same run (a device-to-device copy of 1 GiB: 2 bytes moved per byte copied).
-// Build: meson -Dcuda=enabled (target cuda_decode_bench); run: ./cuda_decode_bench [--n N]
-// [--frac F] [--reps R].
+// Per (dtype, B, n): a cache of B sequences of n rows, H = 32 query heads, H_kv = 8, d = 128 (GQA 4),
+// filled with random values on the device; dense decode, decode over lists of 10 / 30 / 50% of the
+// rows (one list per sequence shared by the KV heads, built as avl_bench builds it: the last 10%
+// contiguous, the rest scattered), each contiguous ([B, n, H_kv, d]) and paged (P = 16, NHD pages
+// drawn from a shuffled pool). Then a sweep of GQA ratios and head dims at B = 1, and q_len 4.
+// Timing: the plan is made once (it serves every layer of a step) and not timed; each timed call is
+// one batched_decode_attention with the checks off, between CUDA events, after a 512 MiB write that
+// evicts the 50 MiB L2; median of --reps calls after 3 warm-ups. The device-to-device copy
+// bandwidth (bytes read + written) of a 1 GiB buffer is measured in the same run. Bytes counted:
+// the K and V rows read, the list entries, q and the output.
+// Build: meson -Dcuda=enabled (target cuda_decode_bench). Run: ./cuda_decode_bench [--out FILE.csv]
+// [--reps R] [--quick].
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <numeric>
 #include <string>
 #include <vector>
 
-#include <vlsparse/attention/cache_rows.hpp>
 #include <vlsparse/core/rng.hpp>
-#include <vlsparse/cuda/indexed_decode.cuh>
-#include <vlsparse/kv/kv_cache.hpp>
+#include <vlsparse/cuda/decode.cuh>
+#include <vlsparse/kv/kv_batch.hpp>
 
 #include "bench_util.hpp"
 
@@ -68,7 +73,7 @@ struct Timer {
     }
 };
 
-double read_bandwidth(Timer& tm) {
+double copy_bandwidth(Timer& tm) {
     const std::size_t bytes = 1ull << 30;
     void *src = nullptr, *dst = nullptr;
     ok(cudaMalloc(&src, bytes), "cudaMalloc");
@@ -80,76 +85,209 @@ double read_bandwidth(Timer& tm) {
     return 2.0 * static_cast<double>(bytes) / (ms * 1e-3);  // bytes read + written per second
 }
 
+// Random values in [-1, 1) from a hash of the index (no host round trip for gigabytes of cache).
 template <class T>
-void run(const char* dtype, std::int64_t n, double frac, int reps, double bw, Timer& tm) {
-    const std::int64_t H = 32, Hkv = 8, d = 128;
-    SplitMix64 rng(42);
-    std::vector<T> k(static_cast<std::size_t>(n * Hkv * d)), v(k.size());
-    std::vector<float> q(static_cast<std::size_t>(H * d));
-    for (auto& x : k) x = from_float<T>(static_cast<float>(rng.uniform() - 0.5));
-    for (auto& x : v) x = from_float<T>(static_cast<float>(rng.uniform() - 0.5));
-    for (auto& x : q) x = static_cast<float>(rng.uniform() - 0.5);
-    KvCache<T> cache(Hkv, d);
-    cache.assign(View3<const T>(k.data(), {n, Hkv, d}), View3<const T>(v.data(), {n, Hkv, d}));
-    const CacheRows rows{bench::avl_shaped_rows(n, frac, rng)};  // the list avl_bench reads
-    CacheRows all(1);
-    for (std::int64_t i = 0; i < n; ++i) all[0].push_back(i);
-    cuda::DeviceKvCache<T> dc(cache);
-    cuda::DeviceRowLists dl(rows, cache), da(all, cache);
-    float *qd = nullptr, *od = nullptr;
-    void* ws = nullptr;
-    ok(cudaMalloc(&qd, q.size() * sizeof(float)), "cudaMalloc");
-    ok(cudaMalloc(&od, q.size() * sizeof(float)), "cudaMalloc");
-    ok(cudaMalloc(&ws, cuda::indexed_decode_workspace_bytes(H, d, n)), "cudaMalloc");
-    ok(cudaMemcpy(qd, q.data(), q.size() * sizeof(float), cudaMemcpyHostToDevice), "copy q");
-    AttentionOptions opt;
+__global__ void fill_random(T* p, std::size_t n, std::uint64_t seed) {
+    for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+        std::uint64_t z = (i + seed) * 0x9e3779b97f4a7c15ull;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        const float x = static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f;
+        p[i] = T(x);
+    }
+}
+template <class T>
+void fill(T* p, std::size_t n, std::uint64_t seed) {
+    fill_random<<<1024, 256>>>(p, n, seed);
+    ok(cudaGetLastError(), "fill_random");
+}
+
+const char* short_name(DType t) { return t == DType::f32 ? "fp32" : t == DType::f16 ? "fp16" : "bf16"; }
+
+struct Csv {
+    FILE* f = nullptr;
+    explicit Csv(const std::string& path) {
+        if (!path.empty()) {
+            f = std::fopen(path.c_str(), "w");
+            if (!f) {
+                std::fprintf(stderr, "cuda_decode_bench: cannot write %s\n", path.c_str());
+                std::exit(1);
+            }
+            std::fprintf(f, "impl,backend,dtype,B,H,H_kv,d,n,frac,P,time_us,bytes,GBps,note\n");
+        }
+    }
+    ~Csv() {
+        if (f) std::fclose(f);
+    }
+    void row(const char* backend, const char* dtype, int B, int H, int Hkv, int d, long long n, double frac, int P,
+             double ms, double bytes, const std::string& note) {
+        const double gbps = bytes / (ms * 1e-3) / 1e9;
+        if (f)
+            std::fprintf(f, "vlsparse,%s,%s,%d,%d,%d,%d,%lld,%g,%s,%.3f,%.0f,%.1f,%s\n", backend, dtype, B, H, Hkv, d, n,
+                         frac, P ? std::to_string(P).c_str() : "", ms * 1e3, bytes, gbps, note.c_str());
+    }
+};
+
+struct Shape {
+    int B, H, Hkv, d, q_len;
+    long long n;
+};
+
+// One cache (contiguous or paged) of B sequences x n rows; times dense decode and the listed fractions.
+template <class T>
+void run_case(const Shape& s, int P, const std::vector<double>& fracs, bool with_dense, int reps, double bw, Timer& tm,
+              Csv& csv, SplitMix64& rng, const std::string& note = "") {
+    const std::int64_t rows_per_seq = s.n;
+    const std::int64_t row_elems = static_cast<std::int64_t>(s.Hkv) * s.d;
+    std::vector<std::int32_t> lens(static_cast<std::size_t>(s.B), static_cast<std::int32_t>(s.n));
+    std::vector<std::int32_t> table;
+    std::int64_t n_pages = 0, table_stride = 0;
+    std::size_t elems = 0;
+    if (P == 0) {
+        elems = static_cast<std::size_t>(s.B) * static_cast<std::size_t>(rows_per_seq * row_elems);
+    } else {
+        table_stride = (rows_per_seq + P - 1) / P;
+        n_pages = table_stride * s.B;
+        elems = static_cast<std::size_t>(n_pages * P * row_elems);
+        std::vector<std::int32_t> pool(static_cast<std::size_t>(n_pages));
+        std::iota(pool.begin(), pool.end(), 0);
+        for (std::int64_t i = n_pages - 1; i > 0; --i)
+            std::swap(pool[static_cast<std::size_t>(i)], pool[rng.below(static_cast<std::uint64_t>(i + 1))]);
+        table = pool;
+    }
+    cuda::DeviceArray<T> k(elems), v(elems);
+    fill(k.data(), elems, 1);
+    fill(v.data(), elems, 2);
+    cuda::DeviceArray<std::int32_t> lens_d(lens), table_d(table);
+    const std::int64_t total_q = static_cast<std::int64_t>(s.B) * s.q_len;
+    const std::int64_t H = s.H, d = s.d;
+    cuda::DeviceArray<T> q(static_cast<std::size_t>(total_q * H * d)), out(q.size());
+    fill(q.data(), q.size(), 3);
+    std::vector<std::int32_t> q_indptr;
+    if (s.q_len > 1)
+        for (int b = 0; b <= s.B; ++b) q_indptr.push_back(b * s.q_len);
+    KvBatchView<const T> cv =
+        P == 0 ? KvBatchView<const T>(contiguous_kv_batch<T>(k.data(), v.data(), s.B, rows_per_seq, s.Hkv, s.d, lens_d.data()))
+               : KvBatchView<const T>(paged_kv_batch_nhd<T>(k.data(), v.data(), s.B, n_pages, P, s.Hkv, s.d,
+                                                            table_d.data(), table_stride, lens_d.data()));
+    const View3<const T> qv(q.data(), {total_q, H, d});
+    const View3<T> ov(out.data(), {total_q, H, d});
+    cuda::DecodeOptions opt;
+    opt.check_inputs = false;
     opt.check_finite = false;
-    const View2<const float> qv(qd, {H, d});
-    const View2<float> ov(od, {H, d});
-    const double t_dense = tm.median_ms(reps, [&] { cuda::indexed_decode_attention(qv, dc.view(), da.view(), ov, opt, nullptr, ws); });
-    const double t_idx = tm.median_ms(reps, [&] { cuda::indexed_decode_attention(qv, dc.view(), dl.view(), ov, opt, nullptr, ws); });
-    const double bytes_full = static_cast<double>(n * Hkv * d * 2) * sizeof(T);
-    const double bytes_idx = static_cast<double>(static_cast<std::int64_t>(rows[0].size()) * Hkv * d * 2) * sizeof(T);
-    std::printf("%-5s n=%-6lld list=%5.1f%%  dense %8.4f ms (%6.0f GB/s, %3.0f%% of bw)  indexed %8.4f ms (%6.0f GB/s, "
-                "%3.0f%%)  = %5.1f%% of dense\n",
-                dtype, static_cast<long long>(n), 100.0 * static_cast<double>(rows[0].size()) / static_cast<double>(n),
-                t_dense, bytes_full / (t_dense * 1e-3) / 1e9, 100.0 * bytes_full / (t_dense * 1e-3) / bw, t_idx,
-                bytes_idx / (t_idx * 1e-3) / 1e9, 100.0 * bytes_idx / (t_idx * 1e-3) / bw, 100.0 * t_idx / t_dense);
-    cudaFree(qd);
-    cudaFree(od);
-    cudaFree(ws);
+    const char* dt = short_name(dtype_of<T>());
+    const std::string backend = P == 0 ? "contiguous" : "paged" + std::to_string(P);
+    const double io_bytes = 2.0 * static_cast<double>(total_q * H * d) * sizeof(T);
+    char label[160];
+    std::snprintf(label, sizeof(label), "%-4s B=%-2d n=%-6lld G=%d d=%-3d q=%d %-10s", dt, s.B, s.n, s.H / s.Hkv, s.d,
+                  s.q_len, backend.c_str());
+    double t_dense = 0.0;
+    if (with_dense) {
+        cuda::DecodePlan plan;
+        plan.plan({lens, q_indptr, {}, 1}, H, s.Hkv, d);
+        // One checked call first: the timed configuration is a valid one.
+        cuda::DecodeOptions chk;
+        cuda::batched_decode_attention(plan, qv, cv, BatchRowLists{}, ov, chk);
+        t_dense = tm.median_ms(reps, [&] { cuda::batched_decode_attention(plan, qv, cv, BatchRowLists{}, ov, opt); });
+        const double bytes = static_cast<double>(s.B) * static_cast<double>(rows_per_seq * row_elems) * 2.0 * sizeof(T) + io_bytes;
+        csv.row(backend.c_str(), dt, s.B, s.H, s.Hkv, s.d, s.n, 1.0, P, t_dense, bytes, note);
+        std::printf("%s dense     %9.1f us  %6.0f GB/s  %3.0f%% of copy bw  (items %lld, chunk %lld)\n", label,
+                    t_dense * 1e3, bytes / (t_dense * 1e-3) / 1e9, 100.0 * bytes / (t_dense * 1e-3) / bw,
+                    static_cast<long long>(plan.n_items()), static_cast<long long>(plan.chunk_rows()));
+    }
+    for (double frac : fracs) {
+        std::vector<std::int32_t> indptr{0}, idx;
+        for (int b = 0; b < s.B; ++b) {
+            for (auto r : bench::avl_shaped_rows(s.n, frac, rng)) idx.push_back(static_cast<std::int32_t>(r));
+            indptr.push_back(static_cast<std::int32_t>(idx.size()));
+        }
+        cuda::DeviceArray<std::int32_t> ind_d(indptr), idx_d(idx);
+        const BatchRowLists lists{ind_d.data(), idx_d.data(), 1};
+        cuda::DecodePlan plan;
+        plan.plan({lens, q_indptr, indptr, 1}, H, s.Hkv, d);
+        cuda::DecodeOptions chk;
+        cuda::batched_decode_attention(plan, qv, cv, lists, ov, chk);
+        const double t = tm.median_ms(reps, [&] { cuda::batched_decode_attention(plan, qv, cv, lists, ov, opt); });
+        const double listed = static_cast<double>(idx.size());
+        const double bytes = listed * static_cast<double>(row_elems) * 2.0 * sizeof(T) + listed * 4.0 + io_bytes;
+        csv.row(backend.c_str(), dt, s.B, s.H, s.Hkv, s.d, s.n, frac, P, t, bytes, note);
+        std::printf("%s list %2.0f%%  %9.1f us  %6.0f GB/s  %3.0f%% of copy bw%s\n", label, frac * 100, t * 1e3,
+                    bytes / (t * 1e-3) / 1e9, 100.0 * bytes / (t * 1e-3) / bw,
+                    with_dense ? ("  = " + std::to_string(static_cast<int>(100.0 * t / t_dense + 0.5)) + "% of dense").c_str() : "");
+    }
+}
+
+template <class T>
+void run_dtype(const std::vector<int>& batches, const std::vector<long long>& ns, const std::vector<double>& fracs,
+               int reps, double bw, Timer& tm, Csv& csv, SplitMix64& rng, bool paged) {
+    for (int B : batches)
+        for (long long n : ns) {
+            const double bytes = static_cast<double>(B) * static_cast<double>(n) * 8 * 128 * 2 * sizeof(T);
+            if (bytes > 36e9) continue;  // two such caches must fit beside the flush buffer
+            const Shape s{B, 32, 8, 128, 1, n};
+            run_case<T>(s, 0, fracs, true, reps, bw, tm, csv, rng);
+            if (paged) run_case<T>(s, 16, {0.3}, true, reps, bw, tm, csv, rng);
+        }
+}
+
+std::vector<long long> parse_ll(const char* s) {
+    std::vector<long long> r;
+    for (std::string a = s; !a.empty();) {
+        const auto c = a.find(',');
+        r.push_back(std::atoll(a.substr(0, c).c_str()));
+        a = c == std::string::npos ? "" : a.substr(c + 1);
+    }
+    return r;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-    std::int64_t n = 16384;
-    double frac = 0.3;
-    int reps = 51;
+    std::string out;
+    int reps = 31;
+    bool quick = false;
+    std::vector<long long> ns{4096, 16384, 65536, 131072}, bs{1, 8, 32};
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
-        if (a == "--n" && i + 1 < argc) n = std::atoll(argv[++i]);
-        else if (a == "--frac" && i + 1 < argc) frac = std::atof(argv[++i]);
+        if (a == "--out" && i + 1 < argc) out = argv[++i];
         else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
+        else if (a == "--n" && i + 1 < argc) ns = parse_ll(argv[++i]);
+        else if (a == "--batch" && i + 1 < argc) bs = parse_ll(argv[++i]);
+        else if (a == "--quick") quick = true;
         else {
-            std::printf("usage: cuda_decode_bench [--n 16384] [--frac 0.3] [--reps 51]\n");
+            std::printf("usage: cuda_decode_bench [--out FILE.csv] [--reps 31] [--n 4096,16384,...] [--batch 1,8,32] "
+                        "[--quick]\n");
             return a == "--help" ? 0 : 2;
         }
-    }
-    if (n < 20 || !(frac > 0.1 && frac <= 1.0)) {
-        std::printf("cuda_decode_bench: need n >= 20 and 0.1 < frac <= 1\n");
-        return 2;
     }
     cudaDeviceProp prop{};
     ok(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
     Timer tm;
-    const double bw = read_bandwidth(tm);
-    std::printf("cuda_decode_bench: %s, %d SMs, L2 %d MiB; H=32 H_kv=8 d=128; device copy bandwidth %.0f GB/s "
-                "(read + write)\n",
-                prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, bw / 1e9);
-    for (std::int64_t nn : {n / 4, n, n * 4}) {
-        run<float>("fp32", nn, frac, reps, bw, tm);
-        run<bfloat16>("bf16", nn, frac, reps, bw, tm);
+    const double bw = copy_bandwidth(tm);
+    std::printf("cuda_decode_bench: %s, %d SMs, L2 %d MiB; device copy bandwidth %.0f GB/s (read + write)\n", prop.name,
+                prop.multiProcessorCount, prop.l2CacheSize >> 20, bw / 1e9);
+    Csv csv(out);
+    if (csv.f) std::fprintf(csv.f, "copy,device,,,,,,1073741824,,,%.3f,%.0f,%.1f,%s\n", 2.0 * (1ull << 30) / bw * 1e6,
+                            2.0 * (1ull << 30), bw / 1e9, prop.name);
+    SplitMix64 rng(42);
+    std::vector<int> batches(bs.begin(), bs.end());
+    if (quick) {
+        ns = {16384, 65536};
+        batches = {1, 32};
     }
+    run_dtype<bfloat16>(batches, ns, {0.1, 0.3, 0.5}, reps, bw, tm, csv, rng, true);
+    if (!quick) {
+        run_dtype<vlsparse::half>({1, 32}, {16384, 131072}, {0.3}, reps, bw, tm, csv, rng, false);
+        run_dtype<float>({1, 32}, {16384, 65536}, {0.3}, reps, bw, tm, csv, rng, false);
+    }
+    // GQA ratios and head dims (bf16, B = 1, n = 32768, H_kv = 8), and q_len 4 (speculative decode).
+    for (int d : {64, 128, 256})
+        for (int G : {1, 2, 4, 8}) {
+            if (quick && d != 128) continue;
+            run_case<bfloat16>({1, 8 * G, 8, d, 1, 32768}, 0, {0.3}, true, reps, bw, tm, csv, rng, "shape-sweep");
+        }
+    run_case<bfloat16>({8, 32, 8, 128, 4, 16384}, 16, {0.3}, true, reps, bw, tm, csv, rng, "q_len=4");
     return 0;
 }

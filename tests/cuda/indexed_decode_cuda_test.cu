@@ -1,8 +1,10 @@
-// CUDA path of indexed decode attention against the reference: fresh seeded caches of fp32 / fp16 /
-// bf16, GQA ratios 1, 2, 3, 4, 8 (3: head blocks 2 + 1), head dims 40 / 64 / 128 / 256 (40: idle
-// lanes), shared and per-KV-head lists of 1 entry up to every row (lengths not multiples of the
-// 64-entry chunk), strided q / out, fp32 / bf16 outputs, caller workspace; dense decode as the
-// all-rows list; bad input is a vlsparse::error. Built and run only with -Dcuda=enabled on a GPU.
+// The single-sequence CUDA front end (vlsparse/cuda/indexed_decode.cuh) against
+// reference::indexed_decode_attention on host KvCaches: fresh seeded caches of fp32 / fp16 / bf16,
+// GQA ratios 1, 2, 3, 4, 8 (3: a padded query block), head dims 40 / 64 / 128 / 256 (40: padded
+// tiles), shared and per-KV-head lists of 1 entry up to every row (lengths not multiples of the
+// tile), strided q, fp32 / bf16 outputs, repeat calls bit-identical; dense decode as the all-rows
+// list, also after per-head eviction; an engine's own cache view off 16-byte alignment; bad input is
+// a vlsparse::error. Built with -Dcuda=enabled; runs on a GPU (suite cuda).
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime.h>
@@ -100,24 +102,24 @@ void compare(const KvCache<T>& cache, const CacheRows& rows, std::int64_t H, std
             for (std::int64_t c = 0; c < d; ++c) qh[static_cast<std::size_t>(c * H + h)] = q[static_cast<std::size_t>(h * d + c)];
     DeviceBuffer<float> qd(qh), od(static_cast<std::size_t>(H * d));
     qv = strided_q ? View2<const float>(qd.p, {H, d}, {1, H}) : View2<const float>(qd.p, {H, d});
-    cuda::indexed_decode_attention(qv, dc.view(), dl.view(), View2<float>(od.p, {H, d}));
+    cudaMemset(od.p, 0xff, H * d * sizeof(float));  // poisoned: an unwritten element is NaN
+    cuda::indexed_decode_attention(qv, dc.view(), dl, View2<float>(od.p, {H, d}));
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     const auto out = od.get();
     CHECK(nmse(out, ref) <= 1e-9);
 
     // bf16 output: each element the reference rounded to bf16, within one bf16 step.
     DeviceBuffer<bfloat16> ob(static_cast<std::size_t>(H * d));
-    cuda::indexed_decode_attention(qv, dc.view(), dl.view(), View2<bfloat16>(ob.p, {H, d}));
+    cuda::indexed_decode_attention(qv, dc.view(), dl, View2<bfloat16>(ob.p, {H, d}));
     const auto outb = ob.get();
     for (std::size_t i = 0; i < ref.size(); ++i) {
         INFO("bf16 output element " << i);
         CHECK(std::abs(to_float(outb[i]) - ref[i]) <= std::abs(ref[i]) * (1.0 / 128.0) + 1e-6);
     }
 
-    // A caller workspace gives the same bits.
-    DeviceBuffer<unsigned char> ws(cuda::indexed_decode_workspace_bytes(H, d, dl.view().max_len));
+    // A second call gives the same bits (no atomics in the arithmetic: the merge order is fixed).
     DeviceBuffer<float> ow(static_cast<std::size_t>(H * d));
-    cuda::indexed_decode_attention(qv, dc.view(), dl.view(), View2<float>(ow.p, {H, d}), AttentionOptions{}, nullptr, ws.p);
+    cuda::indexed_decode_attention(qv, dc.view(), dl, View2<float>(ow.p, {H, d}));
     CHECK(ow.get() == out);
 }
 
@@ -170,7 +172,7 @@ TEST_CASE("cuda indexed decode: every row listed is dense decode, also after per
     compare(cache, per, H, base_seed() + 2010);
 }
 
-TEST_CASE("cuda indexed decode: a cache view off 16-byte alignment takes the register path, same result",
+TEST_CASE("cuda indexed decode: a cache view off 16-byte alignment takes the element-by-element copy path, same result",
           "[cuda][indexed]") {
     const std::int64_t n = 200, H = 8, Hkv = 2, d = 128;
     const auto cache = random_cache<bfloat16>(n, Hkv, d, base_seed() + 2500);
@@ -186,10 +188,12 @@ TEST_CASE("cuda indexed decode: a cache view off 16-byte alignment takes the reg
             vh[static_cast<std::size_t>(1 + g * n * d + i)] = cache.v(g).data[i];
         }
     DeviceBuffer<bfloat16> kd(kh), vd(vh);
-    const cuda::KvCacheView<bfloat16> view{kd.p + 1, vd.p + 1, Hkv, d, n * d, n};
-    cuda::DeviceRowLists dl(rows, view);
+    DeviceBuffer<std::int32_t> len(std::vector<std::int32_t>{static_cast<std::int32_t>(n)});
+    // A batch of one over the engine's own buffers (HND: head g's rows at g * n * d).
+    const KvBatchView<const bfloat16> view{kd.p + 1, vd.p + 1, 1, Hkv, d, n, 0, d, n * d, 0, nullptr, 0, len.p};
+    cuda::DeviceRowLists dl(rows, Hkv, n);
     DeviceBuffer<float> qd(q), od(static_cast<std::size_t>(H * d));
-    cuda::indexed_decode_attention(View2<const float>(qd.p, {H, d}), view, dl.view(), View2<float>(od.p, {H, d}));
+    cuda::indexed_decode_attention(View2<const float>(qd.p, {H, d}), view, dl, View2<float>(od.p, {H, d}));
     CHECK(nmse(od.get(), ref) <= 1e-9);
 }
 
@@ -201,18 +205,18 @@ TEST_CASE("cuda indexed decode: bad input is a clear error", "[cuda][indexed][er
     REQUIRE_THROWS_WITH(cuda::DeviceRowLists(CacheRows{{3, 1}}, cache), Contains("not sorted"));
     REQUIRE_THROWS_WITH(cuda::DeviceRowLists(CacheRows{{1, 20}}, cache), Contains("20"));
     REQUIRE_THROWS_WITH(cuda::DeviceRowLists(CacheRows{{1}, {2}, {3}}, cache), Contains("3 lists"));
-    REQUIRE_THROWS_WITH(cuda::DeviceRowLists(CacheRows{{1, 20}}, dc.view()), Contains("outside the cache"));
+    REQUIRE_THROWS_WITH(cuda::DeviceRowLists(CacheRows{{1, 20}}, Hkv, dc.rows()), Contains("outside the cache"));
     cuda::DeviceRowLists dl(CacheRows{{0, 5, 19}}, cache);
     DeviceBuffer<float> q(static_cast<std::size_t>(H * d)), out(static_cast<std::size_t>(H * d));
     const auto run = [&](std::int64_t h, std::int64_t dd, const std::string& msg) {
         INFO(msg);
-        REQUIRE_THROWS_WITH(cuda::indexed_decode_attention(View2<const float>(q.p, {h, dd}), dc.view(), dl.view(),
+        REQUIRE_THROWS_WITH(cuda::indexed_decode_attention(View2<const float>(q.p, {h, dd}), dc.view(), dl,
                                                            View2<float>(out.p, {h, dd})),
                             Contains(msg));
     };
-    run(3, d, "not a multiple");
-    run(H, 7, "expected [H, 8]");
-    REQUIRE_THROWS_WITH(cuda::indexed_decode_attention(View2<const float>(q.p, {H, d}), dc.view(), dl.view(),
+    run(3, d, "not a positive multiple");
+    run(H, 7, "expected [H, 8]");  // q's head dim against the cache's
+    REQUIRE_THROWS_WITH(cuda::indexed_decode_attention(View2<const float>(q.p, {H, d}), dc.view(), dl,
                                                        View2<float>(out.p, {H, d - 1})),
                         Contains("out has shape"));
     // A head dim beyond the CUDA path's limit.
@@ -220,7 +224,7 @@ TEST_CASE("cuda indexed decode: bad input is a clear error", "[cuda][indexed][er
     cuda::DeviceKvCache<float> db(big);
     cuda::DeviceRowLists lb(CacheRows{{0, 1}}, big);
     DeviceBuffer<float> qb(300), ob(300);
-    REQUIRE_THROWS_WITH(cuda::indexed_decode_attention(View2<const float>(qb.p, {1, 300}), db.view(), lb.view(),
+    REQUIRE_THROWS_WITH(cuda::indexed_decode_attention(View2<const float>(qb.p, {1, 300}), db.view(), lb,
                                                        View2<float>(ob.p, {1, 300})),
                         Contains("supports 1..256"));
     // NaN in a listed row: a clear error with check_finite; in an unlisted row: never read.
@@ -230,10 +234,10 @@ TEST_CASE("cuda indexed decode: bad input is a clear error", "[cuda][indexed][er
     bad.assign(View3<const float>(kk.data(), {n, Hkv, d}), View3<const float>(vv.data(), {n, Hkv, d}));
     cuda::DeviceKvCache<float> dbad(bad);
     DeviceBuffer<float> q1(std::vector<float>(static_cast<std::size_t>(H * d), 0.25f));
-    REQUIRE_THROWS_WITH(cuda::indexed_decode_attention(View2<const float>(q1.p, {H, d}), dbad.view(), dl.view(),
+    REQUIRE_THROWS_WITH(cuda::indexed_decode_attention(View2<const float>(q1.p, {H, d}), dbad.view(), dl,
                                                        View2<float>(out.p, {H, d})),
                         Contains("non-finite"));
     cuda::DeviceRowLists skip(CacheRows{{0, 4, 6, 19}}, bad);
-    cuda::indexed_decode_attention(View2<const float>(q1.p, {H, d}), dbad.view(), skip.view(), View2<float>(out.p, {H, d}));
+    cuda::indexed_decode_attention(View2<const float>(q1.p, {H, d}), dbad.view(), skip, View2<float>(out.p, {H, d}));
     for (float x : out.get()) CHECK(x == 0.5f);  // uniform over equal rows of 0.5
 }
