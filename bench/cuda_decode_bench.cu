@@ -130,6 +130,8 @@ struct Csv {
     }
 };
 
+cuda::DecodeKernel g_kernel = cuda::DecodeKernel::automatic;
+
 struct Shape {
     int B, H, Hkv, d, q_len;
     long long n;
@@ -177,8 +179,10 @@ void run_case(const Shape& s, int P, const std::vector<double>& fracs, bool with
     cuda::DecodeOptions opt;
     opt.check_inputs = false;
     opt.check_finite = false;
+    opt.kernel = g_kernel;
     const char* dt = short_name(dtype_of<T>());
-    const std::string backend = P == 0 ? "contiguous" : "paged" + std::to_string(P);
+    const std::string backend = (P == 0 ? std::string("contiguous") : "paged" + std::to_string(P)) +
+                                (g_kernel == cuda::DecodeKernel::cuda_cores ? "-cudacores" : "");
     const double io_bytes = 2.0 * static_cast<double>(total_q * H * d) * sizeof(T);
     char label[160];
     std::snprintf(label, sizeof(label), "%-4s B=%-2d n=%-6lld G=%d d=%-3d q=%d %-10s", dt, s.B, s.n, s.H / s.Hkv, s.d,
@@ -189,6 +193,7 @@ void run_case(const Shape& s, int P, const std::vector<double>& fracs, bool with
         plan.plan({lens, q_indptr, {}, 1}, H, s.Hkv, d);
         // One checked call first: the timed configuration is a valid one.
         cuda::DecodeOptions chk;
+        chk.kernel = g_kernel;
         cuda::batched_decode_attention(plan, qv, cv, BatchRowLists{}, ov, chk);
         t_dense = tm.median_ms(reps, [&] { cuda::batched_decode_attention(plan, qv, cv, BatchRowLists{}, ov, opt); });
         const double bytes = static_cast<double>(s.B) * static_cast<double>(rows_per_seq * row_elems) * 2.0 * sizeof(T) + io_bytes;
@@ -208,6 +213,7 @@ void run_case(const Shape& s, int P, const std::vector<double>& fracs, bool with
         cuda::DecodePlan plan;
         plan.plan({lens, q_indptr, indptr, 1}, H, s.Hkv, d);
         cuda::DecodeOptions chk;
+        chk.kernel = g_kernel;
         cuda::batched_decode_attention(plan, qv, cv, lists, ov, chk);
         const double t = tm.median_ms(reps, [&] { cuda::batched_decode_attention(plan, qv, cv, lists, ov, opt); });
         const double listed = static_cast<double>(idx.size());
@@ -256,9 +262,14 @@ int main(int argc, char** argv) {
         else if (a == "--n" && i + 1 < argc) ns = parse_ll(argv[++i]);
         else if (a == "--batch" && i + 1 < argc) bs = parse_ll(argv[++i]);
         else if (a == "--quick") quick = true;
+        else if (a == "--kernel" && i + 1 < argc) {
+            const std::string k = argv[++i];
+            g_kernel = k == "cuda_cores" ? cuda::DecodeKernel::cuda_cores
+                       : k == "tensor_cores" ? cuda::DecodeKernel::tensor_cores : cuda::DecodeKernel::automatic;
+        }
         else {
             std::printf("usage: cuda_decode_bench [--out FILE.csv] [--reps 31] [--n 4096,16384,...] [--batch 1,8,32] "
-                        "[--quick]\n");
+                        "[--quick] [--kernel automatic|cuda_cores|tensor_cores]\n");
             return a == "--help" ? 0 : 2;
         }
     }

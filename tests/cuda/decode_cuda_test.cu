@@ -2,7 +2,7 @@
 // on identical inputs: fresh seeded caches of fp32 / fp16 / bf16, contiguous and paged (P = 1, 16, 64;
 // NHD and HND pages from a shuffled pool), dense and listed (shared and per KV head; lists of one row,
 // of every row, and of random subsets whose lengths are not multiples of the tile), ragged batches,
-// q_len 1..8 (causal among the new tokens), GQA ratios 1..8 (3, 5, 6: padded query blocks), head dims
+// q_len 1..8 (causal among the new tokens), both kernels for bf16 (tensor cores and CUDA cores), GQA ratios 1..8 (3, 5, 6: padded query blocks), head dims
 // 40 / 64 / 96 / 128 / 256 (40, 96: padded tiles; 40 with fp16 also the element-by-element copy
 // path), strided q, fp32 / bf16 outputs, the probabilities output, and every error. Outputs are
 // poisoned (0xff bytes: NaN) before each launch, so an element the kernel does not write fails.
@@ -147,8 +147,9 @@ std::string describe(const Case& c) {
 
 // Runs the case on the GPU with q of type TQ and output of type TO and checks it against the reference.
 template <class TC, class TQ = float, class TO = float>
-void check_case(const Case& c, bool with_probs = false) {
-    INFO(describe(c) << ", cache bytes " << sizeof(TC) << ", q bytes " << sizeof(TQ) << ", out bytes " << sizeof(TO));
+void check_case(const Case& c, bool with_probs = false, cuda::DecodeKernel kernel = cuda::DecodeKernel::automatic) {
+    INFO(describe(c) << ", cache bytes " << sizeof(TC) << ", q bytes " << sizeof(TQ) << ", out bytes " << sizeof(TO)
+                     << ", kernel " << static_cast<int>(kernel));
     auto h = make_batch<TC>(c);
     const std::int64_t H = static_cast<std::int64_t>(c.Hkv) * c.G, d = c.d, tq = h.total_q;
     const DecodeBatchHost meta{h.seq_lens, h.q_indptr, h.list_indptr, c.lists == 2 ? c.Hkv : 1};
@@ -195,6 +196,7 @@ void check_case(const Case& c, bool with_probs = false) {
     pd.fill_bytes(0xff);
     cuda::DecodeOptions opt;
     opt.check_finite = false;  // a NaN (unwritten) output must reach the comparison, not an exception
+    opt.kernel = kernel;
     cuda::batched_decode_attention(plan, View3<const TQ>(qd.data(), shape, qstr), cv, lists_d, View3<TO>(od.data(), shape),
                                    opt, nullptr, with_probs ? pd.data() : nullptr);
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
@@ -237,6 +239,9 @@ void sweep_small(std::uint64_t seed) {
                     c.lists = lists;
                     c.seed = seed++ * 7919;
                     check_case<TC>(c);
+                    // bf16: the automatic choice is the tensor-core kernel where it applies; the CUDA-core
+                    // kernel is checked on the same case too.
+                    if constexpr (std::is_same_v<TC, bfloat16>) check_case<TC>(c, false, cuda::DecodeKernel::cuda_cores);
                 }
 }
 
@@ -268,6 +273,7 @@ TEST_CASE("cuda decode: long caches split into chunks merged exactly; ragged bat
             c.frac = 0.3;
             c.seed = seed++;
             check_case<bfloat16>(c);
+            check_case<bfloat16>(c, false, cuda::DecodeKernel::cuda_cores);
             check_case<float>(c);
         }
 }
@@ -288,6 +294,7 @@ TEST_CASE("cuda decode: q_len up to 8, causal among the new tokens", "[cuda][dec
                 c.lists = lists;
                 c.seed = seed++;
                 check_case<bfloat16>(c);
+                check_case<bfloat16>(c, false, cuda::DecodeKernel::cuda_cores);
             }
 }
 
@@ -326,6 +333,7 @@ TEST_CASE("cuda decode: the probabilities of the listed rows", "[cuda][decode]")
             c.lists = lists;
             c.seed = seed++;
             check_case<bfloat16>(c, true);
+            check_case<bfloat16>(c, true, cuda::DecodeKernel::cuda_cores);
             check_case<float>(c, true);
         }
 }
@@ -388,6 +396,13 @@ TEST_CASE("cuda decode: bad input is a vlsparse::error before or instead of a wr
         cuda::DecodeOptions o;
         o.scale = -1.0f;
         CHECK_THROWS_WITH(cuda::batched_decode_attention(plan, q, cv, lists, out, o), Contains("scale"));
+        // The tensor-core kernel on a case it cannot take: rows off 16-byte alignment.
+        cuda::DecodeOptions t;
+        t.kernel = cuda::DecodeKernel::tensor_cores;
+        auto cv3 = cv;
+        cv3.k = cv.k + 1;
+        cv3.v = cv.v + 1;  // (nothing is read: the call is refused before any launch that reads K / V)
+        CHECK_THROWS_WITH(cuda::batched_decode_attention(plan, q, cv3, lists, out, t), Contains("tensor-core kernel"));
     }
     SECTION("run: device lists and tables checked on the device") {
         auto idx = h.indices;

@@ -44,12 +44,19 @@
 #include "vlsparse/core/tensor.hpp"
 #include "vlsparse/cuda/common.cuh"
 #include "vlsparse/cuda/decode/kernels.cuh"
+#include "vlsparse/cuda/decode/kernels_mma.cuh"
 #include "vlsparse/kv/kv_batch.hpp"
 
 namespace vlsparse::cuda {
 
+// Which kernel computes the step. automatic: the tensor-core kernel for bf16 caches with head_dim
+// <= 128 and 16-byte aligned rows, the CUDA-core kernel otherwise. The others force one (tests and
+// benchmarks compare them; tensor_cores on a case it cannot take is an error).
+enum class DecodeKernel : std::uint8_t { automatic, cuda_cores, tensor_cores };
+
 struct DecodeOptions {
     float scale = 0.0f;         // softmax scale; 0: 1/sqrt(head_dim) (computed in double, rounded to fp32)
+    DecodeKernel kernel = DecodeKernel::automatic;
     bool check_inputs = true;   // device-side checks of lengths, lists and block tables (waits for the stream)
     bool check_finite = true;   // wait for the stream; a non-finite output is a vlsparse::error
 };
@@ -375,6 +382,27 @@ void launch_decode(const DecodeArgs<TC>& args, int n_items, cudaStream_t stream,
     check_launch(fn, "decode_kernel");
 }
 
+template <int D, int NQB>
+void launch_decode_mma(const DecodeArgs<bfloat16>& args, int n_items, cudaStream_t stream, const char* fn) {
+    constexpr std::size_t shm = decode_mma_smem_bytes<D, NQB>();
+    auto* kernel = decode_mma_kernel<D, NQB>;
+    static const cudaError_t attr =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
+    check_cuda(attr, fn, "cudaFuncSetAttribute");
+    kernel<<<static_cast<unsigned>(n_items), kDecodeThreads, shm, stream>>>(args);
+    check_launch(fn, "decode_mma_kernel");
+}
+
+template <int D>
+void launch_decode_mma_nqb(const DecodeArgs<bfloat16>& args, int nqb, int n_items, cudaStream_t stream, const char* fn) {
+    switch (nqb) {
+        case 1: launch_decode_mma<D, 1>(args, n_items, stream, fn); break;
+        case 2: launch_decode_mma<D, 2>(args, n_items, stream, fn); break;
+        case 4: launch_decode_mma<D, 4>(args, n_items, stream, fn); break;
+        default: launch_decode_mma<D, 8>(args, n_items, stream, fn); break;
+    }
+}
+
 template <class TC, int D>
 void launch_decode_nqb(const DecodeArgs<TC>& args, int nqb, int n_items, cudaStream_t stream, const char* fn) {
     switch (nqb) {
@@ -494,7 +522,16 @@ void batched_decode_attention(const DecodePlan& plan, View3<const TQ> q, const K
     if (opt.check_finite) detail::check_cuda(cudaMemsetAsync(dv.status, 0, sizeof(int), stream), fn, "cudaMemsetAsync");
     const int n_items = static_cast<int>(plan.n_items());
     const int nqb = static_cast<int>(plan.query_block());
-    if (d <= 64) detail::launch_decode_nqb<TC, 64>(a, nqb, n_items, stream, fn);
+    const bool mma_ok = std::is_same_v<TC, bfloat16> && a.vec16 && d <= 128;
+    require(opt.kernel != DecodeKernel::tensor_cores || mma_ok, fn,
+            "the tensor-core kernel takes bf16 caches with head_dim <= 128, a multiple of 8, and 16-byte aligned "
+            "rows; this call has none of that or not all");
+    if (mma_ok && opt.kernel != DecodeKernel::cuda_cores) {
+        if constexpr (std::is_same_v<TC, bfloat16>) {
+            if (d <= 64) detail::launch_decode_mma_nqb<64>(a, nqb, n_items, stream, fn);
+            else detail::launch_decode_mma_nqb<128>(a, nqb, n_items, stream, fn);
+        }
+    } else if (d <= 64) detail::launch_decode_nqb<TC, 64>(a, nqb, n_items, stream, fn);
     else if (d <= 128) detail::launch_decode_nqb<TC, 128>(a, nqb, n_items, stream, fn);
     else detail::launch_decode_nqb<TC, 256>(a, nqb, n_items, stream, fn);
 
@@ -513,7 +550,7 @@ void batched_decode_attention(const DecodePlan& plan, View3<const TQ> q, const K
         p.group = a.group;
         p.n_heads = a.n_heads;
         const auto blocks = static_cast<unsigned>((plan.n_entries() + 255) / 256);
-        detail::decode_probs_kernel<<<blocks, 256, 0, stream>>>(p);
+        detail::decode_probs_kernel<><<<blocks, 256, 0, stream>>>(p);
         detail::check_launch(fn, "decode_probs_kernel");
     }
     if (opt.check_finite) {

@@ -150,6 +150,114 @@ constexpr std::size_t decode_smem_bytes() {
            + 2 * static_cast<std::size_t>(NQB) * sizeof(float) + 16;    // alpha, flags
 }
 
+// The end of a work item, shared by the decode kernels: red [NS][NQB][D] holds the row slots' (or
+// warps') unnormalized outputs, all relative to the common max in stat_s [NQB][2] = {max, sum}. A
+// unit of one chunk writes its outputs; otherwise the chunk writes its partial and the unit's last
+// chunk merges them. scratch: >= 2 * NQB floats of shared memory that may be overwritten.
+template <int NQB, int D, int NS, class TC>
+__device__ __forceinline__ void decode_finish(const DecodeArgs<TC>& a, const DecodeItem& it, const float* red,
+                                              const float* stat_s, float* scratch, int* last_flag) {
+    constexpr float ninf = -INFINITY;
+    const int tid = threadIdx.x;
+    const int G = a.group;
+    const int nqv = G * it.q_len;
+    const int d = a.head_dim;
+    (void)scratch;
+    const bool single = it.n_items == 1;
+    // Where query vector v's output goes.
+    auto out_index = [&](int v, int c) -> std::int64_t {
+        const int qv = it.qb * NQB + v;
+        const int i = qv / G, h = it.g * G + qv % G;
+        return (it.q_row0 + i) * a.o_s0 + h * a.o_s1 + c * a.o_s2;
+    };
+    const int nv = min(NQB, nqv - it.qb * NQB);
+    if (single) {
+        for (int idx = tid; idx < nv * d; idx += kDecodeThreads) {
+            const int v = idx / d, c = idx % d;
+            float o = 0.0f;
+#pragma unroll 4
+            for (int s = 0; s < NS; ++s) o += red[(s * NQB + v) * D + c];
+            o /= stat_s[2 * v + 1];
+            if (a.status && !isfinite(o)) atomicOr(a.status, kStatusNonFinite);
+            store_any(a.out, a.o_type, out_index(v, c), o);
+        }
+        if (a.stats && tid < nv) {
+            const int qv = it.qb * NQB + tid;
+            const std::int64_t qi = (static_cast<std::int64_t>(it.q_row0) + qv / G) * a.n_heads + it.g * G + qv % G;
+            a.stats[2 * qi] = stat_s[2 * tid];
+            a.stats[2 * qi + 1] = stat_s[2 * tid + 1];
+        }
+        return;
+    }
+
+    // Several chunks: write this chunk's partial, then the unit's last chunk merges. Partial layout:
+    // a 16-float header (max of vector v at [v], sum at [NQB + v]), then the unnormalized outputs
+    // [NQB][D] (16-byte aligned rows: the merge reads them as float4).
+    constexpr int PS = decode_partial_floats(NQB, D);
+    float* pp = a.part + static_cast<std::int64_t>(blockIdx.x) * PS;
+    for (int idx = tid; idx < nv * D; idx += kDecodeThreads) {
+        const int v = idx / D, c = idx % D;
+        float o = 0.0f;
+#pragma unroll 4
+        for (int s = 0; s < NS; ++s) o += red[(s * NQB + v) * D + c];
+        pp[16 + v * D + c] = o;
+    }
+    if (tid < nv) {
+        pp[tid] = stat_s[2 * tid];
+        pp[NQB + tid] = stat_s[2 * tid + 1];
+    }
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        const int done = atomicAdd(a.counters + it.unit, 1);
+        *last_flag = done == it.n_items - 1;
+    }
+    __syncthreads();
+    if (!*last_flag) return;
+    __threadfence();
+    // The merge: every chunk's partial of this unit, rescaled to the common max. Each thread takes
+    // four columns of one vector; the loops over chunks are branch-free and unrolled, so many L2
+    // loads are in flight (a serial loop here cost up to tens of microseconds at B = 1).
+    const float* p0 = a.part + static_cast<std::int64_t>(it.first_item) * PS;
+    const int nch = it.n_items;
+    for (int idx = tid; idx < nv * (D / 4); idx += kDecodeThreads) {
+        const int v = idx / (D / 4), c4 = idx % (D / 4);
+        float M = ninf;
+#pragma unroll 8
+        for (int ch = 0; ch < nch; ++ch) M = fmaxf(M, __ldcg(p0 + ch * PS + v));
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float Ls = 0.0f;
+#pragma unroll 8
+        for (int ch = 0; ch < nch; ++ch) {
+            const float* pc = p0 + ch * PS;
+            const float w = exp2f(__ldcg(pc + v) - M);  // 0 for a chunk that saw no row of this vector
+            Ls = fmaf(w, __ldcg(pc + NQB + v), Ls);
+            const float4 x = __ldcg(reinterpret_cast<const float4*>(pc + 16 + v * D) + c4);
+            o.x = fmaf(w, x.x, o.x);
+            o.y = fmaf(w, x.y, o.y);
+            o.z = fmaf(w, x.z, o.z);
+            o.w = fmaf(w, x.w, o.w);
+        }
+        if (a.stats && c4 == 0) {
+            const int qv = it.qb * NQB + v;
+            const std::int64_t qi = (static_cast<std::int64_t>(it.q_row0) + qv / G) * a.n_heads + it.g * G + qv % G;
+            a.stats[2 * qi] = M;
+            a.stats[2 * qi + 1] = Ls;
+        }
+        const float inv = 1.0f / Ls;
+        const float ov[4] = {o.x * inv, o.y * inv, o.z * inv, o.w * inv};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int c = c4 * 4 + e;
+            if (c < d) {
+                if (a.status && !isfinite(ov[e])) atomicOr(a.status, kStatusNonFinite);
+                store_any(a.out, a.o_type, out_index(v, c), ov[e]);
+            }
+        }
+    }
+    if (tid == 0) a.counters[it.unit] = 0;  // ready for the next launch
+}
+
 template <class TC, int D, int NQB>
 __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_constant__ DecodeArgs<TC> a) {
     using S = DecodeShape<TC, D>;
@@ -412,99 +520,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
     }
     __syncthreads();
 
-    const bool single = it.n_items == 1;
-    // Where query vector v's output goes.
-    auto out_index = [&](int v, int c) -> std::int64_t {
-        const int qv = it.qb * NQB + v;
-        const int i = qv / G, h = it.g * G + qv % G;
-        return (it.q_row0 + i) * a.o_s0 + h * a.o_s1 + c * a.o_s2;
-    };
-    const int nv = min(NQB, nqv - it.qb * NQB);
-    if (single) {
-        for (int idx = tid; idx < nv * d; idx += kDecodeThreads) {
-            const int v = idx / d, c = idx % d;
-            float o = 0.0f;
-#pragma unroll 4
-            for (int s = 0; s < NS; ++s) o += red[(s * NQB + v) * D + c];
-            o /= stat_s[2 * v + 1];
-            if (a.status && !isfinite(o)) atomicOr(a.status, kStatusNonFinite);
-            store_any(a.out, a.o_type, out_index(v, c), o);
-        }
-        if (a.stats && tid < nv) {
-            const int qv = it.qb * NQB + tid;
-            const std::int64_t qi = (static_cast<std::int64_t>(it.q_row0) + qv / G) * a.n_heads + it.g * G + qv % G;
-            a.stats[2 * qi] = stat_s[2 * tid];
-            a.stats[2 * qi + 1] = stat_s[2 * tid + 1];
-        }
-        return;
-    }
-
-    // Several chunks: write this chunk's partial, then the unit's last chunk merges. Partial layout:
-    // a 16-float header (max of vector v at [v], sum at [NQB + v]), then the unnormalized outputs
-    // [NQB][D] (16-byte aligned rows: the merge reads them as float4).
-    constexpr int PS = decode_partial_floats(NQB, D);
-    float* pp = a.part + static_cast<std::int64_t>(blockIdx.x) * PS;
-    for (int idx = tid; idx < nv * D; idx += kDecodeThreads) {
-        const int v = idx / D, c = idx % D;
-        float o = 0.0f;
-#pragma unroll 4
-        for (int s = 0; s < NS; ++s) o += red[(s * NQB + v) * D + c];
-        pp[16 + v * D + c] = o;
-    }
-    if (tid < nv) {
-        pp[tid] = stat_s[2 * tid];
-        pp[NQB + tid] = stat_s[2 * tid + 1];
-    }
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-        const int done = atomicAdd(a.counters + it.unit, 1);
-        *last_flag = done == it.n_items - 1;
-    }
-    __syncthreads();
-    if (!*last_flag) return;
-    __threadfence();
-    // The merge: every chunk's partial of this unit, rescaled to the common max. Each thread takes
-    // four columns of one vector; the loops over chunks are branch-free and unrolled, so many L2
-    // loads are in flight (a serial loop here cost up to tens of microseconds at B = 1).
-    const float* p0 = a.part + static_cast<std::int64_t>(it.first_item) * PS;
-    const int nch = it.n_items;
-    for (int idx = tid; idx < nv * (D / 4); idx += kDecodeThreads) {
-        const int v = idx / (D / 4), c4 = idx % (D / 4);
-        float M = ninf;
-#pragma unroll 8
-        for (int ch = 0; ch < nch; ++ch) M = fmaxf(M, __ldcg(p0 + ch * PS + v));
-        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        float Ls = 0.0f;
-#pragma unroll 8
-        for (int ch = 0; ch < nch; ++ch) {
-            const float* pc = p0 + ch * PS;
-            const float w = exp2f(__ldcg(pc + v) - M);  // 0 for a chunk that saw no row of this vector
-            Ls = fmaf(w, __ldcg(pc + NQB + v), Ls);
-            const float4 x = __ldcg(reinterpret_cast<const float4*>(pc + 16 + v * D) + c4);
-            o.x = fmaf(w, x.x, o.x);
-            o.y = fmaf(w, x.y, o.y);
-            o.z = fmaf(w, x.z, o.z);
-            o.w = fmaf(w, x.w, o.w);
-        }
-        if (a.stats && c4 == 0) {
-            const int qv = it.qb * NQB + v;
-            const std::int64_t qi = (static_cast<std::int64_t>(it.q_row0) + qv / G) * a.n_heads + it.g * G + qv % G;
-            a.stats[2 * qi] = M;
-            a.stats[2 * qi + 1] = Ls;
-        }
-        const float inv = 1.0f / Ls;
-        const float ov[4] = {o.x * inv, o.y * inv, o.z * inv, o.w * inv};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int c = c4 * 4 + e;
-            if (c < d) {
-                if (a.status && !isfinite(ov[e])) atomicOr(a.status, kStatusNonFinite);
-                store_any(a.out, a.o_type, out_index(v, c), ov[e]);
-            }
-        }
-    }
-    if (tid == 0) a.counters[it.unit] = 0;  // ready for the next launch
+    decode_finish<NQB, D, NS>(a, it, red, stat_s, sc, last_flag);
 }
 
 // Probabilities of the listed rows: probs[e] = sum over the step's query tokens of the mean over the
@@ -519,6 +535,9 @@ struct ProbArgs {
     int n_lists = 0, lists_per_seq = 1, n_kv_heads = 1, group = 1, n_heads = 1;
 };
 
+// (A template, as every kernel of this header-only library: a plain __global__ function defined in a
+// header is defined again in every translation unit that includes it.)
+template <int Unused = 0>
 __global__ void decode_probs_kernel(const ProbArgs a) {
     const std::int64_t e = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (e >= a.n_entries) return;

@@ -1,0 +1,310 @@
+// vlsparse/cuda/decode/kernels_mma.cuh -- the tensor-core decode kernel for bf16 caches (head dims up
+// to 128). Internal to vlsparse/cuda/decode.cuh (namespace vlsparse::cuda::detail).
+//
+// The same work items, address pipeline and epilogue as decode_kernel (kernels.cuh); the arithmetic
+// runs on the tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate), FlashAttention-2 style:
+//   - a tile is 64 rows of K and V (16 per warp), copied with cp.async into shared memory whose 16-byte
+//     chunks are XOR-swizzled by row, so that ldmatrix reads are free of bank conflicts;
+//   - S = Q K^T with the block's query vectors as the 16 rows of the A operand (up to 8 used), K rows
+//     as the 8 columns of B (ldmatrix), so each thread holds the scores of one query vector;
+//   - online softmax per warp (its own running max and sum: no block-wide barrier per tile besides the
+//     pipeline's), then O += P V with P as the A operand straight from the score fragments and V
+//     through ldmatrix.trans;
+//   - precision: q and P are split into two bf16 halves (x = hi + lo, lo = bf16(x - hi)) and each
+//     product is issued twice, so they carry ~16 significant bits instead of 8 and the result keeps the
+//     CUDA-core kernel's tolerance (NMSE <= 1e-9 against the reference for fp32 outputs); K and V are
+//     bf16 already, products are exact in fp32.
+// At the end the four warps' states are rescaled to a common max and handed to decode_finish.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "vlsparse/cuda/decode/kernels.cuh"
+
+namespace vlsparse::cuda::detail {
+
+__device__ __forceinline__ void ldsm_x4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, const void* p) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(s));
+}
+__device__ __forceinline__ void ldsm_x4_t(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, const void* p) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(s));
+}
+// c += A B for one m16n8k16 tile; the A rows 8..15 (a1, a3) are zero here: at most 8 query vectors.
+__device__ __forceinline__ void mma_bf16(float (&c)[4], unsigned a0, unsigned a2, unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+// Two floats as bf16x2 (x0 in the low half), rounded to nearest even.
+__device__ __forceinline__ unsigned pack_bf16x2(float x0, float x1) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(x1), "f"(x0));
+    return r;
+}
+// x = hi + lo to ~16 significant bits: hi = bf16(x), lo = bf16(x - hi).
+__device__ __forceinline__ void split_bf16x2(float x0, float x1, unsigned& hi, unsigned& lo) {
+    hi = pack_bf16x2(x0, x1);
+    lo = pack_bf16x2(x0 - __uint_as_float(hi << 16), x1 - __uint_as_float(hi & 0xffff0000u));
+}
+
+template <int D>
+struct MmaShape {
+    static constexpr int R = 64;                        // rows per tile: 16 per warp
+    static constexpr int CPR = D / 8;                   // 16-byte chunks per row
+    static constexpr int LPR = 8;                       // lanes per row when copying
+    static constexpr int CPL = CPR / LPR;               // chunks per lane
+    static constexpr int NSL = kDecodeThreads / LPR;    // row slots when copying
+    static constexpr int RPT = R / NSL;                 // rows per thread per tile
+    static constexpr int TILE = 2 * R * D * 2;          // K + V bytes of a tile
+    static constexpr int STAGES = TILE <= 16384 ? 4 : 2;  // 64 KiB: 3 blocks per multiprocessor
+    static constexpr int KS = D / 16;                   // k-steps of Q K^T
+    static_assert(D == 64 || D == 128, "the tensor-core decode kernel takes head dims padded to 64 or 128");
+    // Element offset of chunk c of row r in a tile (chunks XOR-swizzled by row).
+    __device__ static constexpr int swz(int r, int c) { return (r * CPR + (c ^ (r & 7))) * 8; }
+};
+
+template <int D, int NQB>
+constexpr std::size_t decode_mma_smem_bytes() {
+    using S = MmaShape<D>;
+    return static_cast<std::size_t>(S::STAGES) * S::TILE + static_cast<std::size_t>(S::STAGES) * S::R * 4 +
+           static_cast<std::size_t>(S::KS) * 32 * 16 + (4 * 8 * 2 + 2 * NQB + 16) * sizeof(float);
+}
+
+template <int D, int NQB>
+__global__ void __launch_bounds__(kDecodeThreads, 3) decode_mma_kernel(const __grid_constant__ DecodeArgs<bfloat16> a) {
+    using S = MmaShape<D>;
+    using TC = bfloat16;
+    constexpr int R = S::R, LPR = S::LPR, CPL = S::CPL, NSL = S::NSL, RPT = S::RPT, ST = S::STAGES, KS = S::KS;
+    constexpr float ninf = -INFINITY;
+    extern __shared__ __align__(16) unsigned char smem[];
+    TC* kt = reinterpret_cast<TC*>(smem);                                   // [ST][R][D], swizzled
+    TC* vt = kt + ST * R * D;                                               // [ST][R][D], swizzled
+    std::int32_t* rowbuf = reinterpret_cast<std::int32_t*>(vt + ST * R * D);  // [ST][R]
+    uint4* qfrag = reinterpret_cast<uint4*>(rowbuf + ST * R);               // [KS][32 lanes]: hi a0, a2, lo a0, a2
+    float* wstat = reinterpret_cast<float*>(qfrag + KS * 32);               // [4 warps][8][2]
+    float* stat_s = wstat + 4 * 8 * 2;                                      // [NQB][2]
+    int* last_flag = reinterpret_cast<int*>(stat_s + 2 * NQB);
+
+    const DecodeItem it = a.items[blockIdx.x];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int gq = lane >> 2, tq = lane & 3;  // mma fragment coordinates: row group, thread in group
+    const int j = tid % LPR, slot = tid / LPR;
+    const int G = a.group;
+    const int nqv = G * it.q_len;
+    const int cnt = it.end - it.begin;
+    const int ntiles = (cnt + R - 1) / R;
+    const int d = a.head_dim;
+    const KvBatchView<const TC>& cache = a.cache;
+    const std::int32_t* list = a.indices ? a.indices + it.list_base : nullptr;
+
+    // q fragments of query vector gq (the fragment row), times scale * log2(e), split hi / lo: k-step ks
+    // holds columns 16 ks + 2 tq + {0, 1} (a0) and + 8 + {0, 1} (a2). Identical for the four warps:
+    // written once to shared memory by warp 0 (registers are the scarce resource here).
+    if (warp == 0) {
+        const int qv = it.qb * NQB + gq;
+        const bool ok = gq < NQB && qv < nqv;
+        const int i = ok ? qv / G : 0, h = it.g * G + (ok ? qv % G : 0);
+        const std::int64_t base = (it.q_row0 + i) * a.q_s0 + h * a.q_s1;
+        auto qx = [&](int c) { return ok && c < d ? a.scale_log2 * load_any(a.q, a.q_type, base + c * a.q_s2) : 0.0f; };
+        for (int ks = 0; ks < KS; ++ks) {
+            uint4 f;
+            split_bf16x2(qx(16 * ks + 2 * tq), qx(16 * ks + 2 * tq + 1), f.x, f.z);
+            split_bf16x2(qx(16 * ks + 8 + 2 * tq), qx(16 * ks + 8 + 2 * tq + 1), f.y, f.w);
+            qfrag[ks * 32 + lane] = f;
+        }
+    }
+    // (The first barrier of the tile loop orders these writes before their reads.)
+
+    // The address pipeline (as in decode_kernel): list entries two tiles ahead, pages one tile ahead.
+    const bool pow2 = a.page_shift >= 0;
+    auto row_of = [&](int t) -> std::int32_t { return list ? __ldg(list + it.begin + t) : it.begin + t; };
+    auto offset_in = [&](std::int32_t r, std::int64_t page) -> std::int64_t {
+        if (cache.block_table) {
+            const std::int64_t slot_in_page = pow2 ? (r & (cache.page_size - 1)) : r % cache.page_size;
+            return page * cache.page_stride + slot_in_page * cache.row_stride + it.g * cache.head_stride;
+        }
+        return static_cast<std::int64_t>(it.b) * cache.page_stride + static_cast<std::int64_t>(r) * cache.row_stride +
+               it.g * cache.head_stride;
+    };
+    std::int32_t row2[RPT], row1[RPT], page1[RPT];
+    auto fetch_rows = [&](int tile, std::int32_t (&dst)[RPT]) {
+#pragma unroll
+        for (int k = 0; k < RPT; ++k) {
+            const int t = tile * R + slot + k * NSL;
+            dst[k] = tile < ntiles && t < cnt ? row_of(t) : -1;
+        }
+    };
+    auto fetch_pages = [&]() {
+#pragma unroll
+        for (int k = 0; k < RPT; ++k) {
+            page1[k] = 0;
+            if (cache.block_table && row1[k] >= 0) {
+                const std::int32_t pi = pow2 ? (row1[k] >> a.page_shift) : static_cast<std::int32_t>(row1[k] / cache.page_size);
+                page1[k] = __ldg(cache.block_table + it.b * cache.block_table_stride + pi);
+            }
+        }
+    };
+    auto issue = [&](int tile) {
+        const int st = tile % ST;
+        if (tile < ntiles) {
+#pragma unroll
+            for (int k = 0; k < RPT; ++k) {
+                const int r = slot + k * NSL;
+                const std::int32_t row = row1[k];
+                const bool valid = row >= 0;
+                if (j == 0) rowbuf[st * R + r] = row;
+                const std::int64_t off = valid ? offset_in(row, page1[k]) : 0;
+#pragma unroll
+                for (int w = 0; w < CPL; ++w) {
+                    const int c = j + LPR * w;
+                    const bool ok = valid && c * 8 < d;
+                    copy16_async(kt + st * R * D + S::swz(r, c), cache.k + off + (ok ? c * 8 : 0), ok);
+                    copy16_async(vt + st * R * D + S::swz(r, c), cache.v + off + (ok ? c * 8 : 0), ok);
+                }
+            }
+        }
+        copy_commit();
+    };
+    auto advance = [&](int next) {
+#pragma unroll
+        for (int k = 0; k < RPT; ++k) row1[k] = row2[k];
+        fetch_pages();
+        fetch_rows(next, row2);
+    };
+    fetch_rows(0, row1);
+    fetch_pages();
+    fetch_rows(1, row2);
+#pragma unroll
+    for (int s = 0; s < ST - 1; ++s) {
+        issue(s);
+        advance(s + 2);
+    }
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m_run = ninf, l_run = 0.0f;  // this thread's share of its query vector's running max / sum
+    const int qv_mine = it.qb * NQB + gq;
+    const int limit = it.seq_len - it.q_len + (qv_mine < nqv ? qv_mine / G : 0);
+    const bool causal = it.q_len > 1;
+    const int r0 = 16 * warp;  // this warp's rows of every tile
+
+    for (int tile = 0; tile < ntiles; ++tile) {
+        copy_wait<ST - 2>();
+        __syncthreads();
+        issue(tile + ST - 1);
+        advance(tile + ST + 1);
+        const int st = tile % ST;
+        const TC* kts = kt + st * R * D;
+        const TC* vts = vt + st * R * D;
+        const int tcnt = min(R, cnt - tile * R);
+        if (r0 >= tcnt) continue;  // this warp's rows are all past the end (last tile only)
+
+        // S = Q K^T for rows r0 .. r0 + 7 (s[0]) and r0 + 8 .. r0 + 15 (s[1]).
+        float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+        for (int ks = 0; ks < KS; ks += 2)
+#pragma unroll
+            for (int ng = 0; ng < 2; ++ng) {
+                unsigned b0, b1, b2, b3;
+                ldsm_x4(b0, b1, b2, b3, kts + S::swz(r0 + 8 * ng + (lane & 7), 2 * ks + (lane >> 3)));
+                const uint4 f0 = qfrag[ks * 32 + lane], f1 = qfrag[(ks + 1) * 32 + lane];
+                mma_bf16(s[ng], f0.x, f0.y, b0, b1);
+                mma_bf16(s[ng], f0.z, f0.w, b0, b1);
+                mma_bf16(s[ng], f1.x, f1.y, b2, b3);
+                mma_bf16(s[ng], f1.z, f1.w, b2, b3);
+            }
+        // This thread's four scores: query gq, rows r0 + 8 ng + 2 tq + e.
+        float x[4];
+#pragma unroll
+        for (int ng = 0; ng < 2; ++ng)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int r = r0 + 8 * ng + 2 * tq + e;
+                bool ok = r < tcnt;
+                if (ok && causal) ok = rowbuf[st * R + r] <= limit;
+                x[2 * ng + e] = ok ? s[ng][e] : ninf;
+                if (a.logits && r < tcnt && gq < NQB && qv_mine < nqv) {
+                    const std::int64_t ei = it.list_base + it.begin + tile * R + r;
+                    const int hs = (a.lists_per_seq == 1 ? it.g * nqv : 0) + qv_mine;
+                    a.logits[ei * a.logit_stride + hs] = x[2 * ng + e];
+                }
+            }
+        // Online softmax of the query vector across the 4 threads of its fragment row.
+        float mt = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+        const float mn = fmaxf(m_run, mt);
+        const float al = mn == ninf ? 1.0f : exp2f(m_run - mn);
+        float p[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) p[e] = x[e] == ninf ? 0.0f : exp2f(x[e] - mn);
+        l_run = l_run * al + (p[0] + p[1] + p[2] + p[3]);
+        m_run = mn;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            o[n][0] *= al;
+            o[n][1] *= al;
+        }
+        // O += P V: P (query gq, rows 2 tq + {0, 1} and + 8) as the A operand, split hi / lo.
+        unsigned ph0, pl0, ph2, pl2;
+        split_bf16x2(p[0], p[1], ph0, pl0);
+        split_bf16x2(p[2], p[3], ph2, pl2);
+#pragma unroll
+        for (int n = 0; n < D / 8; n += 2) {
+            unsigned b0, b1, b2, b3;
+            ldsm_x4_t(b0, b1, b2, b3, vts + S::swz(r0 + (lane & 7) + 8 * ((lane >> 3) & 1), n + (lane >> 4)));
+            mma_bf16(o[n], ph0, ph2, b0, b1);
+            mma_bf16(o[n], pl0, pl2, b0, b1);
+            mma_bf16(o[n + 1], ph0, ph2, b2, b3);
+            mma_bf16(o[n + 1], pl0, pl2, b2, b3);
+        }
+    }
+    copy_wait<0>();
+    __syncthreads();
+
+    // Combine the four warps: each warp's state rescaled to the common max of its query vector.
+    l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
+    l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
+    if (tq == 0) {
+        wstat[(warp * 8 + gq) * 2] = m_run;
+        wstat[(warp * 8 + gq) * 2 + 1] = l_run;
+    }
+    __syncthreads();
+    float M = ninf;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) M = fmaxf(M, wstat[(w * 8 + gq) * 2]);
+    const float f = m_run == ninf ? 0.0f : exp2f(m_run - M);
+    float* red = reinterpret_cast<float*>(smem);  // [4 warps][NQB][D] in the idle tile buffers
+    if (gq < NQB) {
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            red[(warp * NQB + gq) * D + 8 * n + 2 * tq] = o[n][0] * f;
+            red[(warp * NQB + gq) * D + 8 * n + 2 * tq + 1] = o[n][1] * f;
+        }
+        if (warp == 0 && tq == 0) {
+            float L = 0.0f;
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                const float mw = wstat[(w * 8 + gq) * 2];
+                if (mw != ninf) L += exp2f(mw - M) * wstat[(w * 8 + gq) * 2 + 1];
+            }
+            stat_s[2 * gq] = M;
+            stat_s[2 * gq + 1] = L;
+        }
+    }
+    __syncthreads();
+    decode_finish<NQB, D, 4>(a, it, red, stat_s, wstat, last_flag);
+}
+
+}  // namespace vlsparse::cuda::detail
