@@ -6,8 +6,9 @@
 // Per (dtype, B, n): a cache of B sequences of n rows, H = 32 query heads, H_kv = 8, d = 128 (GQA 4),
 // filled with random values on the device; dense decode, decode over lists of 10 / 30 / 50% of the
 // rows (one list per sequence shared by the KV heads, built as avl_bench builds it: the last 10%
-// contiguous, the rest scattered), each contiguous ([B, n, H_kv, d]) and paged (P = 16, NHD pages
-// drawn from a shuffled pool). Then a sweep of GQA ratios and head dims at B = 1, and q_len 4.
+// contiguous, the rest scattered), each in a contiguous cache [B, H_kv, n, d] (head-major, as
+// PyTorch's SDPA holds K / V), and dense / 30% also paged (P = 16, NHD pages drawn from a shuffled
+// pool) and token-major contiguous ([B, n, H_kv, d], "contiguous-nhd"). Then a sweep of GQA ratios and head dims at B = 1, and q_len 4.
 // Timing: the plan is made once (it serves every layer of a step) and not timed; each timed call is
 // one batched_decode_attention with the checks off, between CUDA events, after a 512 MiB write that
 // evicts the 50 MiB L2; median of --reps calls after 3 warm-ups. The device-to-device copy
@@ -126,7 +127,7 @@ struct Csv {
         const double gbps = bytes / (ms * 1e-3) / 1e9;
         if (f)
             std::fprintf(f, "vlsparse,%s,%s,%d,%d,%d,%d,%lld,%g,%s,%.3f,%.0f,%.1f,%s\n", backend, dtype, B, H, Hkv, d, n,
-                         frac, P ? std::to_string(P).c_str() : "", ms * 1e3, bytes, gbps, note.c_str());
+                         frac, P > 0 ? std::to_string(P).c_str() : "", ms * 1e3, bytes, gbps, note.c_str());
     }
 };
 
@@ -147,7 +148,7 @@ void run_case(const Shape& s, int P, const std::vector<double>& fracs, bool with
     std::vector<std::int32_t> table;
     std::int64_t n_pages = 0, table_stride = 0;
     std::size_t elems = 0;
-    if (P == 0) {
+    if (P <= 0) {
         elems = static_cast<std::size_t>(s.B) * static_cast<std::size_t>(rows_per_seq * row_elems);
     } else {
         table_stride = (rows_per_seq + P - 1) / P;
@@ -170,10 +171,16 @@ void run_case(const Shape& s, int P, const std::vector<double>& fracs, bool with
     std::vector<std::int32_t> q_indptr;
     if (s.q_len > 1)
         for (int b = 0; b <= s.B; ++b) q_indptr.push_back(b * s.q_len);
-    KvBatchView<const T> cv =
-        P == 0 ? KvBatchView<const T>(contiguous_kv_batch<T>(k.data(), v.data(), s.B, rows_per_seq, s.Hkv, s.d, lens_d.data()))
-               : KvBatchView<const T>(paged_kv_batch_nhd<T>(k.data(), v.data(), s.B, n_pages, P, s.Hkv, s.d,
-                                                            table_d.data(), table_stride, lens_d.data()));
+    KvBatchView<const T> cv;
+    if (P > 0)
+        cv = paged_kv_batch_nhd<T>(k.data(), v.data(), s.B, n_pages, P, s.Hkv, s.d, table_d.data(), table_stride,
+                                   lens_d.data());
+    else if (P == -1)  // token-major [B, n, H_kv, d]
+        cv = contiguous_kv_batch<T>(k.data(), v.data(), s.B, rows_per_seq, s.Hkv, s.d, lens_d.data());
+    else {  // head-major [B, H_kv, n, d]: one HND "page" per sequence
+        cv = paged_kv_batch_hnd<T>(k.data(), v.data(), s.B, 0, rows_per_seq, s.Hkv, s.d, nullptr, 0, lens_d.data());
+        cv.page_stride = static_cast<std::int64_t>(s.Hkv) * rows_per_seq * s.d;
+    }
     const View3<const T> qv(q.data(), {total_q, H, d});
     const View3<T> ov(out.data(), {total_q, H, d});
     cuda::DecodeOptions opt;
@@ -181,7 +188,8 @@ void run_case(const Shape& s, int P, const std::vector<double>& fracs, bool with
     opt.check_finite = false;
     opt.kernel = g_kernel;
     const char* dt = short_name(dtype_of<T>());
-    const std::string backend = (P == 0 ? std::string("contiguous") : "paged" + std::to_string(P)) +
+    const std::string backend = (P == 0 ? std::string("contiguous") : P == -1 ? std::string("contiguous-nhd")
+                                                                              : "paged" + std::to_string(P)) +
                                 (g_kernel == cuda::DecodeKernel::cuda_cores ? "-cudacores" : "");
     const double io_bytes = 2.0 * static_cast<double>(total_q * H * d) * sizeof(T);
     char label[160];
@@ -234,7 +242,10 @@ void run_dtype(const std::vector<int>& batches, const std::vector<long long>& ns
             if (bytes > 36e9) continue;  // two such caches must fit beside the flush buffer
             const Shape s{B, 32, 8, 128, 1, n};
             run_case<T>(s, 0, fracs, true, reps, bw, tm, csv, rng);
-            if (paged) run_case<T>(s, 16, {0.3}, true, reps, bw, tm, csv, rng);
+            if (paged) {
+                run_case<T>(s, 16, {0.3}, true, reps, bw, tm, csv, rng);
+                run_case<T>(s, -1, {0.3}, true, reps, bw, tm, csv, rng);
+            }
         }
 }
 

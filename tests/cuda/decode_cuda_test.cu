@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <numeric>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -135,14 +136,13 @@ double nmse(const std::vector<float>& a, const std::vector<double>& ref) {
 }
 
 std::string describe(const Case& c) {
-    std::string s = "B " + std::to_string(c.B) + ", H_kv " + std::to_string(c.Hkv) + ", G " + std::to_string(c.G) +
-                    ", d " + std::to_string(c.d) + ", P " + std::to_string(c.P) + (c.hnd ? " HND" : "") + ", lists " +
-                    std::to_string(c.lists) + (c.one_row ? " (one row)" : "") + ", seed " + std::to_string(c.seed) +
-                    ", lens";
-    for (auto l : c.lens) s += " " + std::to_string(l);
-    s += ", q_lens";
-    for (auto l : c.qlens) s += " " + std::to_string(l);
-    return s;
+    std::ostringstream s;
+    s << "B " << c.B << ", H_kv " << c.Hkv << ", G " << c.G << ", d " << c.d << ", P " << c.P << (c.hnd ? " HND" : "")
+      << ", lists " << c.lists << (c.one_row ? " (one row)" : "") << ", seed " << c.seed << ", lens";
+    for (auto l : c.lens) s << ' ' << l;
+    s << ", q_lens";
+    for (auto l : c.qlens) s << ' ' << l;
+    return s.str();
 }
 
 // Runs the case on the GPU with q of type TQ and output of type TO and checks it against the reference.
