@@ -150,6 +150,65 @@ constexpr std::size_t decode_smem_bytes() {
            + 2 * static_cast<std::size_t>(NQB) * sizeof(float) + 16;    // alpha, flags
 }
 
+// The address pipeline of one thread of a decode block: the rows it copies in every tile (its slot's
+// rows slot + k * NSL, k < RPT, of the R rows of a tile) and their element offsets in the cache. List
+// entries are loaded two tiles ahead of their copies and block-table entries one tile ahead, so that
+// issuing a tile's copies waits on no load. Shared by both decode kernels; fully unrolled (the
+// arrays stay in registers).
+template <class TC, int R, int NSL, int RPT>
+struct RowPipeline {
+    const KvBatchView<const TC>& cache;
+    const DecodeItem& it;
+    const std::int32_t* list;  // the unit's list (null: dense)
+    int slot, cnt, ntiles, page_shift;
+    std::int32_t row2[RPT], row1[RPT], page1[RPT];  // rows of the tile after next; rows + pages of the next
+
+    __device__ __forceinline__ std::int32_t row_of(int t) const {
+        return list ? __ldg(list + it.begin + t) : it.begin + t;
+    }
+    __device__ __forceinline__ void fetch_rows(int tile, std::int32_t (&dst)[RPT]) const {
+#pragma unroll
+        for (int k = 0; k < RPT; ++k) {
+            const int t = tile * R + slot + k * NSL;
+            dst[k] = tile < ntiles && t < cnt ? row_of(t) : -1;
+        }
+    }
+    __device__ __forceinline__ void fetch_pages() {
+#pragma unroll
+        for (int k = 0; k < RPT; ++k) {
+            page1[k] = 0;
+            if (cache.block_table && row1[k] >= 0) {
+                const std::int32_t pi =
+                    page_shift >= 0 ? (row1[k] >> page_shift) : static_cast<std::int32_t>(row1[k] / cache.page_size);
+                page1[k] = __ldg(cache.block_table + it.b * cache.block_table_stride + pi);
+            }
+        }
+    }
+    // Fill the pipeline: tile 0's rows and pages, tile 1's rows.
+    __device__ __forceinline__ void start() {
+        fetch_rows(0, row1);
+        fetch_pages();
+        fetch_rows(1, row2);
+    }
+    // One tile on: row1 <- row2 (and its pages), row2 <- the rows of tile `next`.
+    __device__ __forceinline__ void advance(int next) {
+#pragma unroll
+        for (int k = 0; k < RPT; ++k) row1[k] = row2[k];
+        fetch_pages();
+        fetch_rows(next, row2);
+    }
+    // Element offset of row1[k] (>= 0) in this sequence and KV head.
+    __device__ __forceinline__ std::int64_t offset(int k) const {
+        const std::int32_t r = row1[k];
+        if (cache.block_table) {
+            const std::int64_t in_page = page_shift >= 0 ? (r & (cache.page_size - 1)) : r % cache.page_size;
+            return page1[k] * cache.page_stride + in_page * cache.row_stride + it.g * cache.head_stride;
+        }
+        return static_cast<std::int64_t>(it.b) * cache.page_stride + static_cast<std::int64_t>(r) * cache.row_stride +
+               it.g * cache.head_stride;
+    }
+};
+
 // The end of a work item, shared by the decode kernels: red [NS][NQB][D] holds the row slots' (or
 // warps') unnormalized outputs, all relative to the common max in stat_s [NQB][2] = {max, sum}. A
 // unit of one chunk writes its outputs; otherwise the chunk writes its partial and the unit's last
@@ -300,40 +359,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
             }
     }
 
-    // Logical row of list entry (chunk-relative) t.
-    auto row_of = [&](int t) -> std::int32_t { return list ? __ldg(list + it.begin + t) : it.begin + t; };
-    const bool pow2 = a.page_shift >= 0;
-    // Element offset of a logical row of this sequence and KV head (page: its block-table entry).
-    auto offset_in = [&](std::int32_t r, std::int64_t page) -> std::int64_t {
-        if (cache.block_table) {
-            const std::int64_t slot_in_page = pow2 ? (r & (cache.page_size - 1)) : r % cache.page_size;
-            return page * cache.page_stride + slot_in_page * cache.row_stride + it.g * cache.head_stride;
-        }
-        return static_cast<std::int64_t>(it.b) * cache.page_stride + static_cast<std::int64_t>(r) * cache.row_stride +
-               it.g * cache.head_stride;
-    };
-    // The address pipeline of this thread's rows (its slot's rows of a tile): list entries are loaded
-    // two tiles ahead of their copies, block-table entries one tile ahead, so issuing the copies of a
-    // tile waits on no load.
-    std::int32_t row2[RPT], row1[RPT];
-    std::int32_t page1[RPT];
-    auto fetch_rows = [&](int tile, std::int32_t (&dst)[RPT]) {
-#pragma unroll
-        for (int k = 0; k < RPT; ++k) {
-            const int t = tile * R + slot + k * NS;
-            dst[k] = tile < ntiles && t < cnt ? row_of(t) : -1;
-        }
-    };
-    auto fetch_pages = [&]() {
-#pragma unroll
-        for (int k = 0; k < RPT; ++k) {
-            page1[k] = 0;
-            if (cache.block_table && row1[k] >= 0) {
-                const std::int32_t pi = pow2 ? (row1[k] >> a.page_shift) : static_cast<std::int32_t>(row1[k] / cache.page_size);
-                page1[k] = __ldg(cache.block_table + it.b * cache.block_table_stride + pi);
-            }
-        }
-    };
+    RowPipeline<TC, R, NS, RPT> rows{cache, it, list, slot, cnt, ntiles, a.page_shift, {}, {}, {}};
     // Copies of tile `tile` from the rows and pages in row1 / page1.
     auto issue = [&](int tile) {
         const int st = tile % kDecodeStages;
@@ -341,10 +367,10 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
 #pragma unroll
             for (int k = 0; k < RPT; ++k) {
                 const int r = slot + k * NS;
-                const std::int32_t row = row1[k];
+                const std::int32_t row = rows.row1[k];
                 const bool valid = row >= 0;
                 if (j == 0) rowbuf[st * R + r] = row;
-                const std::int64_t off = valid ? offset_in(row, page1[k]) : 0;
+                const std::int64_t off = valid ? rows.offset(k) : 0;
                 TC* kd = kt + (st * R + r) * D;
                 TC* vd = vt + (st * R + r) * D;
                 if (a.vec16) {
@@ -370,23 +396,13 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
         }
         copy_commit();  // one group per tile slot, empty past the end: the wait counts stay uniform
     };
-    // Advance the address pipeline by one tile: row1 <- row2 (+ its pages), row2 <- tile `next`.
-    auto advance = [&](int next) {
-#pragma unroll
-        for (int k = 0; k < RPT; ++k) row1[k] = row2[k];
-        fetch_pages();
-        fetch_rows(next, row2);
-    };
-
-    // Prologue: tiles 0 .. S-2 in flight; then row1 / page1 hold tile S-1, row2 tile S (the invariant
-    // at the top of every iteration: row1 = tile + S - 1, row2 = tile + S).
-    fetch_rows(0, row1);
-    fetch_pages();
-    fetch_rows(1, row2);
+    // Prologue: tiles 0 .. S-2 in flight; then rows.row1 holds tile S-1, rows.row2 tile S (the
+    // invariant at the top of every iteration: row1 = tile + S - 1, row2 = tile + S).
+    rows.start();
 #pragma unroll
     for (int s = 0; s < kDecodeStages - 1; ++s) {
         issue(s);
-        advance(s + 2);
+        rows.advance(s + 2);
     }
 
     float acc[NQB][EPL];
@@ -409,7 +425,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
         copy_wait<kDecodeStages - 2>();
         __syncthreads();
         issue(tile + kDecodeStages - 1);
-        advance(tile + kDecodeStages + 1);
+        rows.advance(tile + kDecodeStages + 1);
         const int st = tile % kDecodeStages;
         const TC* kts = kt + st * R * D;
         const TC* vts = vt + st * R * D;

@@ -125,45 +125,17 @@ __global__ void __launch_bounds__(kDecodeThreads, 3) decode_mma_kernel(const __g
     }
     // (The first barrier of the tile loop orders these writes before their reads.)
 
-    // The address pipeline (as in decode_kernel): list entries two tiles ahead, pages one tile ahead.
-    const bool pow2 = a.page_shift >= 0;
-    auto row_of = [&](int t) -> std::int32_t { return list ? __ldg(list + it.begin + t) : it.begin + t; };
-    auto offset_in = [&](std::int32_t r, std::int64_t page) -> std::int64_t {
-        if (cache.block_table) {
-            const std::int64_t slot_in_page = pow2 ? (r & (cache.page_size - 1)) : r % cache.page_size;
-            return page * cache.page_stride + slot_in_page * cache.row_stride + it.g * cache.head_stride;
-        }
-        return static_cast<std::int64_t>(it.b) * cache.page_stride + static_cast<std::int64_t>(r) * cache.row_stride +
-               it.g * cache.head_stride;
-    };
-    std::int32_t row2[RPT], row1[RPT], page1[RPT];
-    auto fetch_rows = [&](int tile, std::int32_t (&dst)[RPT]) {
-#pragma unroll
-        for (int k = 0; k < RPT; ++k) {
-            const int t = tile * R + slot + k * NSL;
-            dst[k] = tile < ntiles && t < cnt ? row_of(t) : -1;
-        }
-    };
-    auto fetch_pages = [&]() {
-#pragma unroll
-        for (int k = 0; k < RPT; ++k) {
-            page1[k] = 0;
-            if (cache.block_table && row1[k] >= 0) {
-                const std::int32_t pi = pow2 ? (row1[k] >> a.page_shift) : static_cast<std::int32_t>(row1[k] / cache.page_size);
-                page1[k] = __ldg(cache.block_table + it.b * cache.block_table_stride + pi);
-            }
-        }
-    };
+    RowPipeline<TC, R, NSL, RPT> rows{cache, it, list, slot, cnt, ntiles, a.page_shift, {}, {}, {}};
     auto issue = [&](int tile) {
         const int st = tile % ST;
         if (tile < ntiles) {
 #pragma unroll
             for (int k = 0; k < RPT; ++k) {
                 const int r = slot + k * NSL;
-                const std::int32_t row = row1[k];
+                const std::int32_t row = rows.row1[k];
                 const bool valid = row >= 0;
                 if (j == 0) rowbuf[st * R + r] = row;
-                const std::int64_t off = valid ? offset_in(row, page1[k]) : 0;
+                const std::int64_t off = valid ? rows.offset(k) : 0;
 #pragma unroll
                 for (int w = 0; w < CPL; ++w) {
                     const int c = j + LPR * w;
@@ -175,19 +147,11 @@ __global__ void __launch_bounds__(kDecodeThreads, 3) decode_mma_kernel(const __g
         }
         copy_commit();
     };
-    auto advance = [&](int next) {
-#pragma unroll
-        for (int k = 0; k < RPT; ++k) row1[k] = row2[k];
-        fetch_pages();
-        fetch_rows(next, row2);
-    };
-    fetch_rows(0, row1);
-    fetch_pages();
-    fetch_rows(1, row2);
+    rows.start();
 #pragma unroll
     for (int s = 0; s < ST - 1; ++s) {
         issue(s);
-        advance(s + 2);
+        rows.advance(s + 2);
     }
 
     float o[D / 8][4];
@@ -203,7 +167,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 3) decode_mma_kernel(const __g
         copy_wait<ST - 2>();
         __syncthreads();
         issue(tile + ST - 1);
-        advance(tile + ST + 1);
+        rows.advance(tile + ST + 1);
         const int st = tile % ST;
         const TC* kts = kt + st * R * D;
         const TC* vts = vt + st * R * D;
