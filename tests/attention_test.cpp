@@ -16,6 +16,8 @@
 
 #include <vlsparse/attention/decode.hpp>
 #include <vlsparse/attention/dense.hpp>
+#include <vlsparse/attention/indexed_decode.hpp>
+#include <vlsparse/attention/masked.hpp>
 #include <vlsparse/attention/probe.hpp>
 #include <vlsparse/attention/sparse.hpp>
 #include <vlsparse/core/rng.hpp>
@@ -249,6 +251,60 @@ TEST_CASE("simd::dense_attention: fp16 / bf16 / double outputs", "[simd][attenti
     auto outd = make_output<double>(n, H, d, Lay::padded);
     simd::dense_attention(q.c(), k.c(), v.c(), outd.view);
     CHECK(vt::nmse(gather(outd.view), b) <= kNmse);
+}
+
+TEST_CASE("simd attention: an output that overflows fp16 is an error when check_finite (issue 21)",
+          "[simd][attention][issue21]") {
+    // bf16 inputs, V = 1e5 everywhere: every output is 99840 (bf16's 1e5), finite in fp32 and bf16 but
+    // beyond fp16's 65504. The fp16 outputs used to be all inf, silently.
+    const std::int64_t n = 64, H = 2, Hkv = 1, d = 64;
+    std::vector<bfloat16> q(static_cast<std::size_t>(n * H * d), bfloat16(0.25f)), k(static_cast<std::size_t>(n * Hkv * d), bfloat16(0.5f)),
+        v(k.size(), bfloat16(1e5f));
+    const View3<const bfloat16> qv(q.data(), {n, H, d}), kv(k.data(), {n, Hkv, d}), vv(v.data(), {n, Hkv, d});
+    std::vector<half> oh(q.size());
+    const View3<half> out(oh.data(), {n, H, d});
+    auto error_of = [](auto&& f) -> std::string {
+        try {
+            f();
+        } catch (const vlsparse::error& e) {
+            return e.what();
+        }
+        return "";
+    };
+    using Catch::Matchers::Contains;
+#define VLSPARSE_CHECK_OVERFLOWS(call, fn) \
+    CHECK_THAT(error_of([&] { call; }), Contains(fn ": out[") && Contains("overflows fp16") && Contains("65504"))
+    VLSPARSE_CHECK_OVERFLOWS(simd::dense_attention(qv, kv, vv, out), "simd::dense_attention");
+    TokenSelection all;
+    all.n = n;
+    all.indices.emplace_back();
+    for (std::int64_t i = 0; i < n; ++i) all.indices[0].push_back(i);
+    VLSPARSE_CHECK_OVERFLOWS(simd::sparse_attention(qv, kv, vv, all, out), "simd::sparse_attention");
+    const BlockMask bm = make_block_mask(make_mask_context(Layout::text_only(n)),
+                                         std::vector<MaskTemplate>(static_cast<std::size_t>(H), MaskTemplate::dense), 16, 16);
+    VLSPARSE_CHECK_OVERFLOWS(simd::masked_attention(qv, kv, vv, bm, out), "simd::masked_attention");
+    KvCache<bfloat16> cache(Hkv, d);
+    cache.assign(kv, vv);
+    const View2<const bfloat16> q1(q.data(), {H, d});
+    const View2<half> o1(oh.data(), {H, d});
+    VLSPARSE_CHECK_OVERFLOWS(simd::decode_attention(q1, cache, o1), "simd::decode_attention");
+    const CacheRows rows{{0, 5, 63}};
+    VLSPARSE_CHECK_OVERFLOWS(simd::indexed_decode_attention(q1, cache, rows, o1), "simd::indexed_decode_attention");
+    std::vector<float> probs(static_cast<std::size_t>(H * 3));
+    VLSPARSE_CHECK_OVERFLOWS(simd::indexed_decode_attention(q1, cache, rows, o1, View2<float>(probs.data(), {H, 3})),
+                             "simd::indexed_decode_attention");
+#undef VLSPARSE_CHECK_OVERFLOWS
+    // check_finite = false skips the scan (and the input scan): the caller takes what the conversion gives.
+    AttentionOptions unchecked;
+    unchecked.check_finite = false;
+    CHECK_NOTHROW(simd::dense_attention(qv, kv, vv, out, unchecked));
+    CHECK(std::isinf(to_float(oh[0])));
+    // fp32 and bf16 outputs hold the value.
+    std::vector<float> of(q.size());
+    simd::dense_attention(qv, kv, vv, View3<float>(of.data(), {n, H, d}));
+    CHECK(of[0] == 99840.0f);
+    std::vector<bfloat16> ob(q.size());
+    CHECK_NOTHROW(simd::dense_attention(qv, kv, vv, View3<bfloat16>(ob.data(), {n, H, d})));
 }
 
 TEST_CASE("simd::dense_attention: ties and all-equal rows", "[simd][attention][dense]") {

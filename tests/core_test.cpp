@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <set>
+#include <span>
 #include <type_traits>
 #include <vector>
 
@@ -596,6 +597,21 @@ TEST_CASE("detail::check_finite and check_sorted_unique", "[check]") {
     CHECK_THROWS_WITH(check_sorted_unique(dup, 10, "f", "rows"), Contains("not sorted ascending without duplicates"));
     const std::vector<std::int64_t> negative{-1};
     CHECK_THROWS_WITH(check_sorted_unique(negative, 10, "f", "rows"), Contains("rows[0] = -1"));
+}
+
+TEST_CASE("detail::check_sorted_unique reads no element before the first (issue 21)", "[check][issue21]") {
+    // The order check's message used to index idx[i - 1] at i == 0 too (message arguments are
+    // evaluated whether or not the check fails): a read before the buffer, on every zipvl_select, that
+    // -D_GLIBCXX_ASSERTIONS (the sanitizer build) aborts on. Runs of length 1 and the first element of
+    // a sub-span; the messages themselves are unchanged.
+    using vlsparse::detail::check_sorted_unique;
+    const std::vector<std::int64_t> one{5};
+    CHECK_NOTHROW(check_sorted_unique(one, 10, "f", "rows"));
+    const std::vector<std::int64_t> three{9, 1, 2};
+    CHECK_NOTHROW(check_sorted_unique(std::span<const std::int64_t>(three).subspan(1), 10, "f", "rows"));
+    CHECK_THROWS_WITH(check_sorted_unique(three, 10, "f", "rows"),
+                      "f: rows is not sorted ascending without duplicates (rows[0] = 9, rows[1] = 1)");
+    CHECK_THROWS_WITH(check_sorted_unique(three, 9, "f", "rows"), "f: rows[0] = 9, expected an index in [0, 9)");
 }
 
 TEST_CASE("vlsparse::error carries the function name", "[error]") {

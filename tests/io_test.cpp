@@ -344,6 +344,35 @@ TEST_CASE("npy: every malformed file throws naming the file and the problem", "[
     }
 }
 
+TEST_CASE("npy: a shape whose byte size wraps past 2^64 is rejected (issue 21)", "[io][npy][issue21]") {
+    // (2^61 + 1,) of '<f8' needs 2^64 + 8 bytes; computed modulo 2^64 that is the 8 bytes the file
+    // holds, so the file used to be accepted and to_vector then threw std::length_error.
+    const std::string dict = "{'descr': '<f8', 'fortran_order': False, 'shape': (2305843009213693953,), }";
+    const std::string bytes = make_npy(dict, std::string(8, '\0'));
+    const std::string msg = error_of([&] {
+        (void)vlsparse::parse_npy(std::span<const std::byte>(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()),
+                                  "wrap.npy");
+    });
+    CHECK_THAT(msg, Contains("read_npy: 'wrap.npy': shape (2305843009213693953,) of '<f8' has too many bytes"));
+    // An NpyArray built by hand with such a shape: every accessor throws vlsparse::error.
+    NpyArray a;
+    a.descr = "<f8";
+    a.shape = {2305843009213693953};
+    a.data.resize(8);
+    CHECK_THAT(error_of([&] { (void)a.to_vector<double>(); }), Contains("NpyArray::to_vector") && Contains("too many bytes"));
+    CHECK_THAT(error_of([&] { (void)a.to_double(); }), Contains("NpyArray::to_double") && Contains("too many bytes"));
+    TempDir dir;
+    CHECK_THAT(error_of([&] { vlsparse::write_npy(dir / "w.npy", a); }), Contains("write_npy") && Contains("too many bytes"));
+    // 2^60 elements of '<f8' (2^63 bytes) still fit the byte count: rejected as truncated, not as too large.
+    const std::string fits = make_npy("{'descr': '<f8', 'fortran_order': False, 'shape': (1152921504606846976,), }",
+                                      std::string(8, '\0'));
+    CHECK_THAT(error_of([&] {
+                   (void)vlsparse::parse_npy(
+                       std::span<const std::byte>(reinterpret_cast<const std::byte*>(fits.data()), fits.size()), "fits.npy");
+               }),
+               Contains("needs 9223372036854775808 data bytes, the file has 8 (truncated data)"));
+}
+
 TEST_CASE("npy: writing errors", "[io][npy]") {
     TempDir dir;
     const std::vector<float> v{1, 2, 3};

@@ -2,7 +2,9 @@
 // positions, compaction, byte accounting, and errors.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -343,4 +345,45 @@ TEST_CASE("KvCache: large blocks are 2 MiB-aligned (huge pages advised), small o
             REQUIRE(c.v(1)(i, col) == v[static_cast<std::size_t>((i * Hkv + 1) * d + col)]);
         }
     REQUIRE(c.k(1)(n, 0) == 3.0f);
+}
+
+TEST_CASE("KvCache: assign with positions reads no position before the first (issue 21)", "[kv][issue21]") {
+    // The order check's message indexed positions[i - 1] at i == 0 too: a read before the span that
+    // -D_GLIBCXX_ASSERTIONS (the sanitizer build) aborts on. One row, then the first row's error.
+    const HeadMajorKv src(1, 2, 2);
+    KvCache<float> c(2, 2);
+    const std::vector<std::int64_t> pos{3};
+    c.assign(src.kview(), src.vview(), pos, 5);
+    CHECK(positions(c, 0) == pos);
+    const HeadMajorKv two(2, 2, 2);
+    const std::vector<std::int64_t> down{4, 1};
+    CHECK_THAT(error_of([&] { c.assign(two.kview(), two.vview(), down, 5); }),
+               Contains("positions[1] = 1 is not above positions[0] = 4"));
+}
+
+TEST_CASE("KvCache: a finite value that overflows the storage type is an error (issue 21)", "[kv][issue21]") {
+    // bf16 1e5 is finite; fp16 holds at most 65504, so it used to be stored as inf silently.
+    std::vector<bfloat16> kb(2 * 1 * 4, bfloat16(1.0f)), vb(kb);
+    vb[6] = bfloat16(1e5f);  // token 1, KV head 0, column 2
+    const vlsparse::View3<const bfloat16> k(kb.data(), {2, 1, 4}), v(vb.data(), {2, 1, 4});
+    KvCache<vlsparse::half> h(1, 4);
+    CHECK_THAT(error_of([&] { h.assign(k, v); }),
+               Contains("KvCache::assign: v[1, 0, 2] = 99840 does not fit fp16") && Contains("65504"));
+    CHECK(h.seq_len() == 0);  // left unchanged
+    const std::vector<std::int64_t> pos{0, 1};
+    CHECK_THAT(error_of([&] { h.assign(k, v, pos, 2); }), Contains("v[1, 0, 2] = 99840 does not fit fp16"));
+    CHECK_THAT(error_of([&] {
+                   h.append(vlsparse::View2<const bfloat16>(vb.data() + 4, {1, 4}),
+                            vlsparse::View2<const bfloat16>(vb.data() + 4, {1, 4}));
+               }),
+               Contains("KvCache::append: k[0, 2] = 99840 does not fit fp16"));
+    // Wider storage holds it; values that are already inf or NaN are stored as they are (the attention's
+    // check_finite rejects them), only a finite value that the conversion turns into inf is an error.
+    KvCache<float> f(1, 4);
+    CHECK_NOTHROW(f.assign(k, v));
+    KvCache<bfloat16> b(1, 4);
+    CHECK_NOTHROW(b.assign(k, v));
+    vb[6] = bfloat16(std::numeric_limits<float>::infinity());
+    CHECK_NOTHROW(h.assign(k, v));
+    CHECK(std::isinf(vlsparse::to_float(h.v(0)(1, 2))));
 }

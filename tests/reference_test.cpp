@@ -441,3 +441,33 @@ TEST_CASE("reference: bad inputs throw with a message", "[reference]") {
                }),
                Contains("q[1, 1] = nan"));
 }
+
+TEST_CASE("reference: an output that overflows fp16 is an error, not inf (issue 21)", "[reference][issue21]") {
+    // bf16 inputs, V = 1e5 everywhere: every output is 1e5 (a mean of equal values), finite in fp32 and
+    // bf16 but beyond fp16's 65504. The fp16 output used to be all inf, silently.
+    const std::int64_t n = 2, H = 1, d = 4;
+    std::vector<vlsparse::bfloat16> q(static_cast<std::size_t>(n * H * d), vlsparse::bfloat16(0.5f)), k(q),
+        v(q.size(), vlsparse::bfloat16(1e5f));
+    const View3<const vlsparse::bfloat16> qv(q.data(), {n, H, d}), kv(k.data(), {n, H, d}), vv(v.data(), {n, H, d});
+    std::vector<vlsparse::half> oh(q.size());
+    CHECK_THAT(error_of([&] { ref::dense_attention(qv, kv, vv, View3<vlsparse::half>(oh.data(), {n, H, d})); }),
+               Contains("reference::dense_attention: out[0, 0, 0] overflows fp16") && Contains("65504"));
+    vlsparse::TokenSelection all;
+    all.n = n;
+    all.indices = {{0, 1}};
+    CHECK_THAT(error_of([&] { ref::sparse_attention(qv, kv, vv, all, View3<vlsparse::half>(oh.data(), {n, H, d})); }),
+               Contains("reference::sparse_attention: out[0, 0, 0] overflows fp16"));
+    vlsparse::KvCache<vlsparse::bfloat16> cache(1, d);
+    cache.assign(kv, vv);
+    CHECK_THAT(error_of([&] {
+                   ref::decode_attention(View2<const vlsparse::bfloat16>(q.data(), {1, d}), cache,
+                                         View2<vlsparse::half>(oh.data(), {1, d}));
+               }),
+               Contains("reference::decode_attention: out[0, 0] overflows fp16"));
+    // fp32 and bf16 outputs hold 1e5.
+    std::vector<float> of(q.size());
+    CHECK_NOTHROW(ref::dense_attention(qv, kv, vv, View3<float>(of.data(), {n, H, d})));
+    CHECK(of[0] == 99840.0f);
+    std::vector<vlsparse::bfloat16> ob(q.size());
+    CHECK_NOTHROW(ref::dense_attention(qv, kv, vv, View3<vlsparse::bfloat16>(ob.data(), {n, H, d})));
+}

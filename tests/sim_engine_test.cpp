@@ -8,9 +8,15 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include <unistd.h>
 
 #include <vlsparse/sim/commands.hpp>
 
@@ -73,6 +79,67 @@ std::int64_t index_of(const json& j, const std::string& name) {
         if (j["policies"][i]["name"] == name) return static_cast<std::int64_t>(i);
     return -1;
 }
+
+// The what() of the vlsparse::error that `f` throws ("" when it does not throw).
+template <class F>
+std::string error_of(F&& f) {
+    try {
+        f();
+    } catch (const vlsparse::error& e) {
+        return e.what();
+    }
+    return "";
+}
+
+// What `vlsparse-sim ARGS` returns and prints (stdout and stderr captured through temporary files).
+struct SimOutput {
+    int rc = 0;
+    std::string out, err;
+};
+SimOutput run_sim(std::vector<std::string> args) {
+    std::vector<char*> argv;
+    std::string prog = "vlsparse-sim";
+    argv.push_back(prog.data());
+    for (auto& a : args) argv.push_back(a.data());
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::FILE* fo = std::tmpfile();
+    std::FILE* fe = std::tmpfile();
+    REQUIRE(fo != nullptr);
+    REQUIRE(fe != nullptr);
+    const int saved_out = ::dup(1), saved_err = ::dup(2);
+    ::dup2(::fileno(fo), 1);
+    ::dup2(::fileno(fe), 2);
+    SimOutput r;
+    r.rc = sim_main(static_cast<int>(argv.size()), argv.data());
+    std::fflush(stdout);
+    std::fflush(stderr);
+    ::dup2(saved_out, 1);
+    ::dup2(saved_err, 2);
+    ::close(saved_out);
+    ::close(saved_err);
+    for (auto [f, dst] : {std::pair{fo, &r.out}, std::pair{fe, &r.err}}) {
+        std::rewind(f);
+        char buf[4096];
+        for (std::size_t got; (got = std::fread(buf, 1, sizeof buf, f)) > 0;) dst->append(buf, got);
+        std::fclose(f);
+    }
+    return r;
+}
+
+// Sets an environment variable for the scope (restoring the previous value).
+struct ScopedEnv {
+    std::string name;
+    std::optional<std::string> old;
+    ScopedEnv(std::string n, const std::string& value) : name(std::move(n)) {
+        if (const char* v = std::getenv(name.c_str())) old = v;
+        ::setenv(name.c_str(), value.c_str(), 1);
+    }
+    ~ScopedEnv() {
+        if (old) ::setenv(name.c_str(), old->c_str(), 1);
+        else ::unsetenv(name.c_str());
+    }
+};
 
 // ---- test policies: each exercises one part of the engine's contract ---------------------------
 
@@ -292,6 +359,215 @@ TEST_CASE("sim scenario: every rejection names its JSON path", "[sim][scenario]"
     } catch (const vlsparse::error& e) {
         CHECK(std::string(e.what()).find("bad.json: invalid JSON") != std::string::npos);
     }
+    fs::remove_all(d);
+}
+
+TEST_CASE("sim scenario: numbers that do not fit the parameter's type are rejected with their path (issue 21)",
+          "[sim][scenario][issue21]") {
+    // Each value used to be narrowed silently (version 4294967297 became 1, scale 1e-50 became 0 =
+    // the default, seed -1 became 2^64 - 1), become inf (scale 1e300, failing later without its path),
+    // or pass the check and overflow the fp32 Q/K (noise 1e308).
+    const json base = small_default_json();
+    const auto zi = index_of(base, "zipvl"), hi = index_of(base, "h2o"), fi = index_of(base, "fastv");
+    REQUIRE(zi >= 0);
+    REQUIRE(hi >= 0);
+    REQUIRE(fi >= 0);
+    const std::string zp = "policies[" + std::to_string(zi) + "].params", hp = "policies[" + std::to_string(hi) + "].params",
+                      fp = "policies[" + std::to_string(fi) + "].params";
+    const std::vector<std::pair<std::function<void(json&)>, std::string>> cases = {
+        {[](json& j) { j["decode_steps"] = 0; j["source"]["params"] = {{"version", 4294967297LL}}; },
+         "source.params.version: expected an integer in [-2147483648, 2147483647], got 4294967297"},
+        {[](json& j) { j["source"]["params"] = {{"noise", 1e308}}; }, "source.params.noise = 1e+308, expected at most 1e+06"},
+        {[](json& j) { j["source"]["params"] = {{"local_radius", 1e-300}}; }, "source.params.local_radius = 1e-300"},
+        {[](json& j) { j["source"]["params"] = {{"heavy_patch", 18446744073709551615ULL}}; },
+         "source.params.heavy_patch: expected an integer in [-9223372036854775808, 9223372036854775807], got 18446744073709551615"},
+        {[&](json& j) { j["policies"][zi]["params"]["scale"] = 1e-50; },
+         zp + ".scale: expected 0 or a magnitude in [1.4013e-45, 3.40282e+38] (fp32), got 1e-50"},
+        {[&](json& j) { j["policies"][zi]["params"]["scale"] = 1e300; },
+         zp + ".scale: expected 0 or a magnitude in [1.4013e-45, 3.40282e+38] (fp32), got 1e+300"},
+        {[&](json& j) { j["policies"][zi]["params"]["seed"] = -1; },
+         zp + ".seed: expected an integer in [0, 18446744073709551615], got -1"},
+        {[&](json& j) { j["policies"][hi]["params"]["scale"] = 1e-50; },
+         hp + ".scale: expected 0 or a magnitude in [1.4013e-45, 3.40282e+38] (fp32), got 1e-50"},
+        {[&](json& j) { j["policies"][fi]["params"]["scale"] = -1e39; },
+         fp + ".scale: expected 0 or a magnitude in [1.4013e-45, 3.40282e+38] (fp32), got -1e+39"},
+    };
+    for (const auto& [mutate, expect] : cases) {
+        json j = base;
+        mutate(j);
+        const std::string msg = parse_error(j);
+        INFO("expected: " << expect << "\ngot: " << msg);
+        CHECK(msg.find(expect) != std::string::npos);
+    }
+    // Values at the edges of the types still parse.
+    json j = base;
+    j["policies"][zi]["params"]["seed"] = 18446744073709551615ULL;
+    j["policies"][zi]["params"]["scale"] = 1e-40;  // a subnormal fp32
+    j["source"]["params"] = {{"noise", 1e6}};
+    CHECK(parse_error(j).empty());
+}
+
+TEST_CASE("sim scenario: a scenario needing more memory than the limit is rejected naming the key (issue 21)",
+          "[sim][scenario][issue21]") {
+    // Each of these used to be accepted and end in a bare std::bad_alloc (the residual one while the
+    // scenario was being checked: its weights were allocated to validate it).
+    const std::vector<std::pair<std::function<void(json&)>, std::string>> cases = {
+        {[](json& j) { j["source"] = {{"kind", "residual"}, {"params", {{"hidden", 1048576}, {"vocab", 16777216}}}}; },
+         "t.json: source.params.vocab: the scenario needs an estimated "},
+        {[](json& j) {
+             j["model"]["layers"] = 8;
+             j["source"] = {{"kind", "residual"}, {"params", {{"hidden", 1048576}}}};
+         },
+         "t.json: source.params.hidden: the scenario needs an estimated "},
+        {[](json& j) { j["layout"] = "text:4194304"; }, "t.json: layout: the scenario needs an estimated "},
+        {[](json& j) { j["model"] = {{"layers", 4096}, {"heads", 4096}, {"kv_heads", 4096}, {"head_dim", 4096}}; },
+         "t.json: model.head_dim: the scenario needs an estimated "},
+    };
+    for (const auto& [mutate, expect] : cases) {
+        json j = small_default_json();
+        mutate(j);
+        std::string msg;
+        try {
+            (void)scenario_from_json(j, "t.json");
+        } catch (const vlsparse::error& e) {
+            msg = e.what();
+        } catch (const std::exception& e) {  // std::bad_alloc: what these used to end in
+            msg = std::string("not a vlsparse::error: ") + e.what();
+        }
+        INFO("expected: " << expect << "\ngot: " << msg);
+        CHECK(msg.find(expect) != std::string::npos);
+        CHECK(msg.find("above the limit of 16 GiB") != std::string::npos);
+        CHECK(msg.find("VLSPARSE_SIM_MAX_MEMORY_GIB") != std::string::npos);
+    }
+    // A dump's prompt has the same token limit as a scenario's, naming the dump's folder.
+    const fs::path d = temp_dir("issue21_dump");
+    fs::create_directories(d / "dump");
+    {
+        std::ofstream f(d / "dump" / "manifest.json");
+        f << R"({"layers": 1, "heads": 2, "kv_heads": 1, "head_dim": 8, "dtype": "fp32",
+                "layout": "text:1000000000000", "positions": "post-RoPE"})";
+    }
+    for (const char* w : {"q", "k", "v"}) std::ofstream(d / "dump" / (std::string("layer_000_") + w + ".npy"));
+    json dj = small_default_json();
+    dj.erase("model");
+    dj.erase("layout");
+    dj.erase("decode_steps");
+    dj["source"] = {{"kind", "dump"}, {"dir", "dump"}};
+    dj["policies"] = json::array({"dense"});
+    const std::string dm = parse_error_in(dj, d);
+    INFO(dm);
+    CHECK(dm.find("source.dir: the dump's prompt has 1000000000000 tokens, expected at most 4194304") != std::string::npos);
+    // The masks command estimates its pictures before drawing them.
+    const SimOutput mk = run_sim({"masks", "--layout", "text:1000000000000", "--out", (d / "masks").string()});
+    CHECK(mk.rc == 2);
+    INFO(mk.err);
+    CHECK(mk.err.find("--layout: the pictures need an estimated ") != std::string::npos);
+    CHECK(mk.err.find("above the limit of 16 GiB") != std::string::npos);
+    fs::remove_all(d);
+}
+
+TEST_CASE("sim scenario: the memory limit: the default's estimate, VLSPARSE_SIM_MAX_MEMORY_GIB, compare's runs (issue 21)",
+          "[sim][scenario][issue21]") {
+    // The estimate of the default scenario is far below the limit; the limit can be lowered or raised.
+    CHECK(estimate_memory(default_scenario()).total() < 1024.0 * 1024 * 1024);
+    {
+        const ScopedEnv low("VLSPARSE_SIM_MAX_MEMORY_GIB", "0.001");
+        const std::string msg = parse_error(default_json());
+        CHECK(msg.find("above the limit of 0.001 GiB") != std::string::npos);
+    }
+    {
+        const ScopedEnv bad("VLSPARSE_SIM_MAX_MEMORY_GIB", "lots");
+        CHECK(parse_error(default_json()).find("VLSPARSE_SIM_MAX_MEMORY_GIB = 'lots'") != std::string::npos);
+    }
+    {
+        const ScopedEnv high("VLSPARSE_SIM_MAX_MEMORY_GIB", "1e6");
+        json j = small_default_json();
+        j["layout"] = "text:4194304";
+        CHECK(parse_error(j).empty());  // accepted (not run)
+    }
+    // compare counts its sweep runs.
+    {
+        const ScopedEnv low("VLSPARSE_SIM_MAX_MEMORY_GIB", "0.02");
+        json j = small_default_json();
+        j["layout"] = "text:2000";
+        j["policies"] = json::array({json{{"name", "zipvl"}, {"sweep", {{"param", "tau"}, {"values", json::array()}}}}});
+        j["policies"][0]["sweep"]["values"] = json::array();
+        for (int i = 0; i < 40; ++i) j["policies"][0]["sweep"]["values"].push_back(0.5 + 0.01 * i);
+        const Scenario s = scenario_from_json(j, "t.json");  // one run of zipvl fits
+        CHECK_THAT(error_of([&] { check_memory(s, sweep_policies(s).size() + 1); }),
+                   Catch::Matchers::Contains("t.json: policies: the scenario needs an estimated"));
+    }
+}
+
+TEST_CASE("sim scenario: decode_steps taken from a dump is checked like a scenario's (issue 21)", "[sim][scenario][dump][issue21]") {
+    // A dump whose manifest says 100000 decode rows: a scenario without decode_steps used to take them
+    // all, skipping the [0, 65536] check of a scenario's own decode_steps.
+    const fs::path d = temp_dir("issue21_decode");
+    DumpManifest m;
+    m.model = "test";
+    m.shape = {1, 2, 1, 8};
+    m.layout = Layout::parse("text:4");
+    m.decode_steps = 0;
+    std::vector<DumpLayer> layers(1);
+    layers[0].q.assign(4 * 2 * 8, 0.5f);
+    layers[0].k.assign(4 * 1 * 8, 0.5f);
+    layers[0].v.assign(4 * 1 * 8, 0.5f);
+    write_dump(d / "dump", m, layers);
+    {
+        std::ifstream f(d / "dump" / "manifest.json");
+        json mj = json::parse(f);
+        mj["decode_steps"] = 100000;
+        std::ofstream(d / "dump" / "manifest.json") << mj.dump(2);
+    }
+    json j = small_default_json();
+    j.erase("model");
+    j.erase("layout");
+    j.erase("decode_steps");
+    j["source"] = {{"kind", "dump"}, {"dir", "dump"}};
+    j["policies"] = json::array({"dense"});
+    const std::string msg = parse_error_in(j, d);
+    INFO(msg);
+    CHECK(msg.find("t.json: decode_steps: the dump holds 100000 decode rows, expected at most 65536 (give decode_steps to "
+                   "use fewer)") != std::string::npos);
+    j["decode_steps"] = 2;  // fewer than the dump holds: accepted
+    CHECK(parse_error_in(j, d).empty());
+    fs::remove_all(d);
+}
+
+TEST_CASE("sim cli: a folder as the scenario, and an unwritable report, fail before the run (issue 21)", "[sim][cli][issue21]") {
+    const fs::path d = temp_dir("issue21_cli");
+    // A folder is named as one (it used to be reported as invalid JSON).
+    const SimOutput dir = run_sim({"run", d.string(), "--quiet"});
+    CHECK(dir.rc == 2);
+    CHECK(dir.err.find(d.string() + ": is a directory, expected a scenario file (.json)") != std::string::npos);
+    CHECK(dir.err.find("invalid JSON") == std::string::npos);
+    CHECK_THAT(error_of([&] { (void)load_scenario(d); }), Catch::Matchers::Contains(": is a directory, expected a scenario file"));
+    // An --out under a regular file cannot be created: reported before anything runs (it used to be
+    // found only when the reports were written, after the whole run).
+    json j = small_default_json(0);
+    j["model"]["layers"] = 1;
+    j["policies"] = json::array({"dense"});
+    {
+        std::ofstream f(d / "s.json");
+        f << j.dump(2);
+    }
+    std::ofstream(d / "file") << "x";
+    for (const auto& args : std::vector<std::vector<std::string>>{
+             {"run", (d / "s.json").string(), "--quiet", "--out", (d / "file" / "out").string()},
+             {"run", (d / "s.json").string(), "--quiet", "--no-html", "--json", (d / "file" / "r.json").string()},
+             {"compare", (d / "s.json").string(), "--quiet", "--html", (d / "file" / "c.html").string()},
+             {"characterize", (d / "s.json").string(), "--quiet", "--out", (d / "file" / "map.json").string()}}) {
+        const SimOutput r = run_sim(args);
+        INFO(args[0] << ": " << r.err);
+        CHECK(r.rc == 2);
+        CHECK(r.err.find("cannot write the ") != std::string::npos);
+        CHECK(r.err.find((d / "file").string()) != std::string::npos);
+        CHECK(r.out.empty());  // nothing ran, not even the header was printed
+    }
+    // A writable --out that does not exist yet is created, and the run writes its report there.
+    const SimOutput ok = run_sim({"run", (d / "s.json").string(), "--quiet", "--out", (d / "new" / "out").string()});
+    CHECK(ok.rc == 0);
+    CHECK(fs::exists(d / "new" / "out" / "sim-report.html"));
     fs::remove_all(d);
 }
 

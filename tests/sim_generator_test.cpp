@@ -493,6 +493,33 @@ TEST_CASE("synthetic: bad parameters are rejected with a clear error", "[sim][ge
     CHECK_THAT(bad([](SyntheticParams& P) { P.head_dim = 4; }), Contains("sim::synthetic_layer"));
 }
 
+TEST_CASE("synthetic: strengths and scales that would overflow the fp32 Q/K are rejected (issue 21)",
+          "[sim][generator][issue21]") {
+    // noise 1e308 used to pass the check (finite, >= 0) and give inf in Q and K; local_radius 1e-300
+    // gives locality frequencies of 1e300 and NaN features.
+    const Layout l = Layout::parse("text:4,image:8,text:2");
+    auto bad = [&](auto&& edit) {
+        SyntheticParams P;
+        P.head_dim = 16;
+        edit(P);
+        return error_of([&] { vlsparse::sim::synthetic_layer(l, P, 1); });
+    };
+    CHECK_THAT(bad([](SyntheticParams& P) { P.noise = 1e308; }), Contains("noise = 1e+308, expected at most 1e+06"));
+    CHECK_THAT(bad([](SyntheticParams& P) { P.sink = 2e6; }), Contains("sink = 2e+06, expected at most 1e+06"));
+    CHECK_THAT(bad([](SyntheticParams& P) { P.video_time_scale = 1e300; }), Contains("video_time_scale = 1e+300"));
+    CHECK_THAT(bad([](SyntheticParams& P) { P.share_local = 1e300; }), Contains("share_local = 1e+300"));
+    CHECK_THAT(bad([](SyntheticParams& P) { P.local_radius = 1e-300; }),
+               Contains("local_radius = 1e-300, expected 1e-06 <= local_radius <= 1e+06"));
+    // At the limits every value of Q, K and V is finite.
+    SyntheticParams P;
+    P.head_dim = 16;
+    P.noise = P.sink = P.heavy = P.local = P.document = P.text_focus = 1e6;
+    P.local_radius = 1e-6;
+    const auto L = vlsparse::sim::synthetic_layer(l, P, 1);
+    for (const auto* x : {&L.q, &L.k, &L.v})
+        for (float e : *x) REQUIRE(std::isfinite(e));
+}
+
 TEST_CASE("synthetic: version 1 reproduces the inputs of the committed golden files", "[sim][generator][golden]") {
     // golden/zipvl cases made by reference/golden_zipvl.cpp with the generator of vlsparse <= 0.1
     // (default SyntheticParams, seed 1), stored in fp32.

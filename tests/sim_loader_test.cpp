@@ -392,3 +392,44 @@ TEST_CASE("dump: missing layers, wrong shapes, dtypes, truncated files and NaN n
                    Contains("layer 1: q has 415 values, expected tokens * heads * head_dim = 416"));
     }
 }
+
+TEST_CASE("safetensors: element counts beyond int64 are errors, not overflow (issue 21)", "[sim][loader][issue21]") {
+    // [2^63 - 1, 2] of U8 needs 2^64 - 2 bytes, which fits the byte count, but its element count does
+    // not fit int64: numel() overflowed (signed: UBSan reports it), and the header check evaluated it
+    // for its message even when the check passed.
+    TempDir tmp;
+    spit(tmp.path / "big.safetensors",
+         raw_safetensors(R"({"t":{"dtype":"U8","shape":[9223372036854775807,2],"data_offsets":[0,18446744073709551614]}})",
+                         ""));
+    CHECK_THAT(error_of([&] { SafetensorsFile f(tmp.path / "big.safetensors"); }),
+               Contains("tensor 't': its shape has too many elements"));
+    vlsparse::sim::SafetensorsEntry e;
+    e.name = "t";
+    e.shape = {9223372036854775807, 2};
+    CHECK_THAT(error_of([&] { (void)e.numel(); }), Contains("SafetensorsEntry::numel: tensor 't'") && Contains("too many elements"));
+    e.shape = {4611686018427387904, 2};  // 2^63: one past the largest int64
+    CHECK_THAT(error_of([&] { (void)e.numel(); }), Contains("too many elements"));
+    e.shape = {4611686018427387903, 2};  // 2^63 - 2 fits
+    CHECK(e.numel() == 9223372036854775806);
+    e.shape = {0, 9223372036854775807, 2};  // an empty tensor, whatever the other extents
+    CHECK(e.numel() == 0);
+}
+
+TEST_CASE("dump: tokens() and decode_steps cannot overflow (issue 21)", "[sim][loader][issue21]") {
+    // layout tokens + decode_steps was a signed int64 sum: decode_steps near 2^63 overflowed it.
+    DumpManifest m;
+    m.layout = Layout::parse("text:10");
+    m.decode_steps = 9223372036854775807;
+    CHECK_THAT(error_of([&] { (void)m.tokens(); }),
+               Contains("DumpManifest::tokens: layout tokens 10 + decode_steps 9223372036854775807 overflow int64"));
+    m.decode_steps = 9223372036854775797;  // the largest that fits
+    CHECK(m.tokens() == 9223372036854775807);
+
+    // A manifest with such decode_steps is rejected when it is read, naming the key.
+    TempDir tmp;
+    const DumpManifest small = small_manifest(DType::f32, "npy");
+    vlsparse::sim::write_dump(tmp.path, small, random_layers(small, vt::base_seed()));
+    edit_manifest(tmp.path, "\"decode_steps\": 2", "\"decode_steps\": 9223372036854775807");
+    CHECK_THAT(error_of([&] { DumpSource s(tmp.path); }),
+               Contains("manifest.json': 'decode_steps' = 9223372036854775807: layout tokens 11 + decode_steps overflow int64"));
+}

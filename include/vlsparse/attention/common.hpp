@@ -20,7 +20,9 @@ namespace vlsparse {
 
 struct AttentionOptions {
     float scale = 0.0f;        // softmax scale; 0 means 1 / sqrt(head_dim)
-    bool check_finite = true;  // fast paths: scan inputs for NaN/Inf first (the reference always does)
+    // Fast paths: scan inputs for NaN/Inf first, and fp16/bf16 outputs for values the narrowing
+    // turned into inf (an output beyond 65504 in fp16) afterwards (the reference always does both).
+    bool check_finite = true;
 };
 
 // What token-sparse attention writes for query rows that are not in the kept set.

@@ -70,6 +70,7 @@ void decode_attention(View2<const TQ> q, const KvCache<TC>& cache, View2<TO> out
         }
     }
     detail::run_decode<Arch>(q, cache, out, scale);
+    if (opt.check_finite) ::vlsparse::detail::check_narrowed_output(out, fn, "out");
 }
 
 }  // namespace vlsparse::simd

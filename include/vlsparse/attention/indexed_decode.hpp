@@ -192,6 +192,7 @@ void indexed_decode_attention(View2<const TQ> q, const KvCache<TC>& cache, const
     constexpr const char* fn = "simd::indexed_decode_attention";
     const float scale = detail::check_indexed_decode<Arch>(q, cache, rows, out, opt, fn);
     detail::run_indexed_decode<Arch>(q, cache, rows, out, scale, nullptr, 0);
+    if (opt.check_finite) ::vlsparse::detail::check_narrowed_output(out, fn, "out");
 }
 
 // Same, also writing the probabilities: probs [H, L] fp32, contiguous, L the longest list; probs[h, t]
@@ -210,6 +211,7 @@ void indexed_decode_attention(View2<const TQ> q, const KvCache<TC>& cache, const
     detail::require(!detail::overlaps(probs, out) && !detail::overlaps(probs, q), fn,
                     "output probs aliases out or q; expected separate buffers");
     detail::run_indexed_decode<Arch>(q, cache, rows, out, scale, probs.data, static_cast<std::int64_t>(L));
+    if (opt.check_finite) ::vlsparse::detail::check_narrowed_output(out, fn, "out");
 }
 
 }  // namespace vlsparse::simd

@@ -807,6 +807,7 @@ void masked_attention(View3<const TQ> q, View3<const TK> k, View3<const TK> v, c
     if (opt.check_finite) detail::check_all_finite(q, k, v, fn);
     const float scale = detail::resolve_scale(opt, q.shape[2], fn);
     detail::run_masked_attention<Arch>(q, k, v, mask, out, scale);
+    if (opt.check_finite) ::vlsparse::detail::check_narrowed_output(out, fn, "out");
 }
 
 }  // namespace simd

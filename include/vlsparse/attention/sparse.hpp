@@ -34,6 +34,7 @@ void sparse_attention(View3<const TQ> q, View3<const TK> k, View3<const TK> v, c
     if (opt.check_finite) detail::check_all_finite(q, k, v, fn);
     const float scale = detail::resolve_scale(opt, d, fn);
     detail::run_attention<Arch>(q, k, v, out, scale, &sel, unselected);
+    if (opt.check_finite) ::vlsparse::detail::check_narrowed_output(out, fn, "out");
 }
 
 }  // namespace vlsparse::simd

@@ -31,7 +31,11 @@ std::string concat(const Args&... args) {
     return os.str();
 }
 
-// Throws vlsparse::error(fn, message) when `ok` is false. The message is only built on failure.
+// Throws vlsparse::error(fn, message) when `ok` is false. The message is only built on failure, but
+// its arguments, like any call's, are evaluated every time: each must be valid when the check passes.
+// No element that `ok` guards (x[i - 1] at i == 0), no arithmetic that can overflow (a product of
+// extents): put such a check under an `if`, e.g. `if (i > 0) require(x[i] > x[i - 1], fn, ..., x[i - 1])`.
+// The sanitizer build (-D_GLIBCXX_ASSERTIONS, UBSan) catches what slips through.
 template <class... Args>
 inline void require(bool ok, const char* fn, const Args&... args) {
     if (!ok) throw ::vlsparse::error(fn, concat(args...));

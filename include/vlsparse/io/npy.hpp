@@ -98,6 +98,18 @@ inline std::int64_t npy_numel(const std::vector<std::int64_t>& shape, const char
     return n;
 }
 
+// The data bytes of `shape` with elements of `itemsize` bytes; throws when the count does not fit
+// size_t (the product of extents is checked by npy_numel, the byte count here: (2^61 + 1,) of '<f8'
+// has 2^61 + 1 elements but 2^64 + 8 bytes).
+inline std::size_t npy_nbytes(const std::vector<std::int64_t>& shape, std::size_t itemsize, std::string_view descr,
+                              const char* fn, std::string_view what) {
+    const auto n = static_cast<std::uint64_t>(npy_numel(shape, fn, what));
+    if (itemsize != 0 && n > std::numeric_limits<std::size_t>::max() / itemsize)
+        throw ::vlsparse::error(fn, concat(what, ": shape ", npy_shape_repr(shape), " of '", descr,
+                                           "' has too many bytes (more than 2^64)"));
+    return static_cast<std::size_t>(n * itemsize);
+}
+
 // Element bytes in little-endian order (a plain copy on little-endian hosts).
 inline void npy_copy_le(void* dst, const void* src, std::size_t count, std::size_t itemsize) {
     if (count == 0) return;
@@ -247,9 +259,10 @@ struct NpyArray {
         constexpr const char* fn = "NpyArray::to_vector";
         const std::string_view want = npy_type<T>::descr;
         detail::require(descr == want, fn, "the array holds '", descr, "', the requested element type is '", want, "'");
-        const auto n = static_cast<std::size_t>(numel());
-        detail::require(data.size() == n * sizeof(T), fn, "the array holds ", data.size(), " bytes, shape ",
-                        detail::npy_shape_repr(shape), " of '", descr, "' needs ", n * sizeof(T));
+        const std::size_t bytes = detail::npy_nbytes(shape, sizeof(T), descr, fn, "array");
+        const std::size_t n = bytes / sizeof(T);
+        detail::require(data.size() == bytes, fn, "the array holds ", data.size(), " bytes, shape ",
+                        detail::npy_shape_repr(shape), " of '", descr, "' needs ", bytes);
         if constexpr (std::is_same_v<T, bool>) {
             std::vector<bool> out(n);
             for (std::size_t i = 0; i < n; ++i) out[i] = data[i] != std::byte{0};
@@ -298,9 +311,12 @@ struct NpyArray {
 
     // Every element converted to double (see at_double).
     std::vector<double> to_double(U2As u2 = U2As::uint16) const {
-        const auto n = static_cast<std::size_t>(numel());
-        detail::require(itemsize() != 0 && data.size() == n * itemsize(), "NpyArray::to_double", "descr '", descr,
-                        "' with shape ", detail::npy_shape_repr(shape), " does not match ", data.size(), " data bytes");
+        const std::size_t sz = itemsize();
+        detail::require(sz != 0, "NpyArray::to_double", "unsupported descr '", descr, "'");
+        const std::size_t bytes = detail::npy_nbytes(shape, sz, descr, "NpyArray::to_double", "array");
+        const std::size_t n = bytes / sz;
+        detail::require(data.size() == bytes, "NpyArray::to_double", "descr '", descr, "' with shape ",
+                        detail::npy_shape_repr(shape), " does not match ", data.size(), " data bytes");
         std::vector<double> out(n);
         for (std::size_t i = 0; i < n; ++i) out[i] = at_double(i, u2);
         return out;
@@ -313,7 +329,8 @@ struct NpyArray {
         static_assert(std::is_trivially_copyable_v<U>, "npy elements are trivially copyable");
         NpyArray a;
         a.descr = std::string(npy_type<U>::descr);
-        const auto n = static_cast<std::size_t>(detail::npy_numel(shape, "NpyArray::from", "array"));
+        const std::size_t n =
+            detail::npy_nbytes(shape, sizeof(U), npy_type<U>::descr, "NpyArray::from", "array") / sizeof(U);
         detail::require(n == 0 || p != nullptr, "NpyArray::from", "null data pointer for shape ",
                         detail::npy_shape_repr(shape));
         a.shape = std::move(shape);
@@ -400,9 +417,9 @@ inline NpyArray parse_npy(std::span<const std::byte> bytes, std::string_view nam
                     detail::npy_supported);
     a.descr = d;
 
-    const std::int64_t n = detail::npy_numel(a.shape, fn, std::string("'") + std::string(name) + "'");
     const std::size_t have = bytes.size() - hstart - hlen;
-    const auto need = static_cast<std::uint64_t>(n) * detail::npy_itemsize(d);  // n < 2^63, itemsize <= 8: fits
+    const std::size_t need =
+        detail::npy_nbytes(a.shape, detail::npy_itemsize(d), d, fn, std::string("'") + std::string(name) + "'");
     detail::require(need == have, fn, "'", name, "': shape ", detail::npy_shape_repr(a.shape), " of '", d, "' needs ",
                     need, " data bytes, the file has ", have,
                     have < need ? " (truncated data)" : " (data size does not match the shape)");
@@ -437,9 +454,9 @@ inline void write_npy(const std::filesystem::path& path, const NpyArray& a) {
     const std::size_t sz = detail::npy_itemsize(a.descr);
     detail::require(sz != 0, fn, "'", name, "': unsupported descr '", a.descr, "', expected one of ",
                     detail::npy_supported);
-    const auto n = static_cast<std::size_t>(detail::npy_numel(a.shape, fn, "'" + name + "'"));
-    detail::require(a.data.size() == n * sz, fn, "'", name, "': shape ", detail::npy_shape_repr(a.shape), " of '",
-                    a.descr, "' needs ", n * sz, " data bytes, the array holds ", a.data.size());
+    const std::size_t need = detail::npy_nbytes(a.shape, sz, a.descr, fn, "'" + name + "'");
+    detail::require(a.data.size() == need, fn, "'", name, "': shape ", detail::npy_shape_repr(a.shape), " of '",
+                    a.descr, "' needs ", need, " data bytes, the array holds ", a.data.size());
     const std::string header = npy_header(a.descr, a.shape);
     std::ofstream f(path, std::ios::binary | std::ios::trunc);
     detail::require(static_cast<bool>(f), fn, "'", name, "': cannot open for writing");

@@ -5,9 +5,12 @@
 // Needs nlohmann/json. Include: <vlsparse/io/params_json.hpp>
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <set>
 #include <string>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -37,20 +40,51 @@ inline void check_keys(const nlohmann::json& j, const std::set<std::string>& kno
         require(known.count(k) > 0, "params_from_json", where, ": unknown key '", k, "'");
 }
 
+// What is wrong with reading the JSON number `v` as T ("" when nothing is): the range is checked in
+// the JSON's own type before narrowing, so an integer must fit T (4294967297 is not an int, -1 is not
+// unsigned) and a number read as float must be 0 or within float's range (1e-50 would round to 0,
+// 1e300 to inf). `v` must already be a number (an integer for integral T).
+template <class T>
+std::string json_number_problem(const nlohmann::json& v) {
+    if constexpr (std::is_same_v<T, bool>) {
+        return "";
+    } else if constexpr (std::is_integral_v<T>) {
+        using L = std::numeric_limits<T>;
+        const std::string range = concat("expected an integer in [", +L::min(), ", ", +L::max(), "]");
+        if (v.is_number_unsigned())
+            return v.get<std::uint64_t>() > static_cast<std::uint64_t>(L::max()) ? range : "";
+        const auto x = v.get<std::int64_t>();
+        if constexpr (std::is_signed_v<T>)
+            return x < static_cast<std::int64_t>(L::min()) || x > static_cast<std::int64_t>(L::max()) ? range : "";
+        else
+            return x < 0 || static_cast<std::uint64_t>(x) > static_cast<std::uint64_t>(L::max()) ? range : "";
+    } else {
+        const auto x = v.get<double>();
+        if (!std::isfinite(x)) return "expected a finite number";
+        if constexpr (std::is_same_v<T, float>) {
+            using F = std::numeric_limits<float>;
+            const double a = std::abs(x);
+            if (a != 0.0 && (a < static_cast<double>(F::denorm_min()) || a > static_cast<double>(F::max())))
+                return concat("expected 0 or a magnitude in [", F::denorm_min(), ", ", F::max(), "] (fp32)");
+        }
+        return "";
+    }
+}
+
 template <class T>
 void read_number(const nlohmann::json& j, const char* key, T& out, const std::string& where) {
     if (!j.contains(key)) return;
     const auto& v = j.at(key);
     if constexpr (std::is_same_v<T, bool>) {
         require(v.is_boolean(), "params_from_json", where, key, ": expected true or false");
-        out = v.get<bool>();
     } else if constexpr (std::is_integral_v<T>) {
         require(v.is_number_integer(), "params_from_json", where, key, ": expected an integer");
-        out = v.get<T>();
     } else {
         require(v.is_number(), "params_from_json", where, key, ": expected a number");
-        out = v.get<T>();
     }
+    if (const std::string p = json_number_problem<T>(v); !p.empty())
+        throw error("params_from_json", concat(where, key, ": ", p, ", got ", v.dump()));
+    out = v.get<T>();
 }
 
 inline constexpr std::pair<ZipVLGrouping, const char*> kGroupingNames[] = {{ZipVLGrouping::layer, "layer"},

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "vlsparse/core/dtype.hpp"
@@ -62,6 +64,8 @@ public:
     void assign(View3<const TI> k, View3<const TI> v) {
         constexpr const char* fn = "KvCache::assign";
         check_kv(k, v, fn);
+        check_fits(k, fn, "k");
+        check_fits(v, fn, "v");
         const std::int64_t n = k.shape[0];
         for (std::int64_t g = 0; g < n_kv_heads_; ++g) {
             auto& h = heads_[static_cast<std::size_t>(g)];
@@ -91,7 +95,8 @@ public:
         for (std::size_t i = 0; i < positions.size(); ++i) {
             detail::require(positions[i] >= 0 && positions[i] < seq_len, fn, "positions[", i, "] = ", positions[i],
                             ", expected a position in [0, seq_len = ", seq_len, ")");
-            detail::require(i == 0 || positions[i] > positions[i - 1], fn, "positions[", i, "] = ", positions[i],
+            if (i == 0) continue;  // the message reads positions[i - 1]: only from i = 1
+            detail::require(positions[i] > positions[i - 1], fn, "positions[", i, "] = ", positions[i],
                             " is not above positions[", i - 1, "] = ", positions[i - 1],
                             "; expected ascending positions without duplicates");
         }
@@ -108,6 +113,10 @@ public:
                         k.shape[1], "], expected [", n_kv_heads_, ", ", head_dim_, "]");
         detail::require(v.shape == k.shape, fn, "v has shape [", v.shape[0], ", ", v.shape[1], "], expected [",
                         n_kv_heads_, ", ", head_dim_, "]");
+        for (const auto& [x, name] : {std::pair{k, "k"}, std::pair{v, "v"}})
+            for (std::int64_t g = 0; g < n_kv_heads_; ++g)
+                if (const auto c = detail::first_narrowing_overflow<T>(x.row(g), x.stride[1], head_dim_); c >= 0)
+                    throw error(fn, detail::concat(name, "[", g, ", ", c, "] = ", to_float(x(g, c)), does_not_fit()));
         for (std::int64_t g = 0; g < n_kv_heads_; ++g) {
             auto& h = heads_[static_cast<std::size_t>(g)];
             const auto off = h.k.size();
@@ -180,6 +189,20 @@ private:
     template <class TI>
     void copy_row(const TI* src, std::int64_t stride, T* dst) const {
         for (std::int64_t c = 0; c < head_dim_; ++c) dst[c] = from_float<T>(to_float(src[c * stride]));
+    }
+    // A finite input value that T cannot hold (beyond fp16's 65504) would be stored as inf: an error,
+    // raised before anything changes. Values already inf or NaN are stored as they are.
+    template <class TI>
+    void check_fits(View3<const TI> x, const char* fn, const char* name) const {
+        for (std::int64_t i = 0; i < x.shape[0]; ++i)
+            for (std::int64_t g = 0; g < x.shape[1]; ++g)
+                if (const auto c = detail::first_narrowing_overflow<T>(x.row(i, g), x.stride[2], x.shape[2]); c >= 0)
+                    throw error(fn, detail::concat(name, "[", i, ", ", g, ", ", c, "] = ", to_float(x(i, g, c)),
+                                                   does_not_fit()));
+    }
+    static std::string does_not_fit() {
+        return detail::concat(" does not fit ", dtype_name(dtype_of<T>()), " (largest finite value ",
+                              detail::largest_finite<T>(), "); expected values the cache's element type holds");
     }
     template <class TI>
     void check_kv(View3<const TI> k, View3<const TI> v, const char* fn) const {

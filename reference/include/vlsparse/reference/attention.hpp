@@ -92,6 +92,7 @@ void dense_attention(View3<const TQ> q, View3<const TK> k, View3<const TK> v, Vi
             for (std::int64_t c = 0; c < d; ++c) detail::store(out(i, h, c), o[static_cast<std::size_t>(c)]);
         }
     }
+    ::vlsparse::detail::check_narrowed_output(out, fn, "out");  // fp16 / bf16 outputs: nothing rounded to inf
 }
 
 // Attention probabilities of selected query rows ("probes") against every earlier key.
@@ -158,6 +159,7 @@ void sparse_attention(View3<const TQ> q, View3<const TK> k, View3<const TK> v, c
             for (std::int64_t c = 0; c < d; ++c) detail::store(out(i, h, c), o[static_cast<std::size_t>(c)]);
         }
     }
+    ::vlsparse::detail::check_narrowed_output(out, fn, "out");  // fp16 / bf16 outputs: nothing rounded to inf
 }
 
 // One decode step: q [H, d] (the newest token, whose K/V the caller has already appended) attends to
@@ -193,6 +195,7 @@ void decode_attention(View2<const TQ> q, const KvCache<TC>& cache, View2<TO> out
         detail::attend_row(q.row(h), q.stride[1], kk, vv, 0, rows, scale, probs, o);
         for (std::int64_t c = 0; c < d; ++c) detail::store(out(h, c), o[static_cast<std::size_t>(c)]);
     }
+    ::vlsparse::detail::check_narrowed_output(out, fn, "out");  // fp16 / bf16 outputs: nothing rounded to inf
 }
 
 }  // namespace vlsparse::reference

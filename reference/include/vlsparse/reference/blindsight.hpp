@@ -43,6 +43,7 @@ void masked_attention(View3<const TQ> q, View3<const TK> k, View3<const TK> v, c
             detail::attend_row(q.row(i, h), q.stride[2], k, v, h / group, keys, scale, probs, o);
             for (std::int64_t c = 0; c < d; ++c) detail::store(out(i, h, c), o[static_cast<std::size_t>(c)]);
         }
+    ::vlsparse::detail::check_narrowed_output(out, fn, "out");  // fp16 / bf16 outputs: nothing rounded to inf
 }
 
 // Algorithm 1 for every head of one layer, in double: O_ref = dense causal attention (the Dense

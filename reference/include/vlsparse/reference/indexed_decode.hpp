@@ -66,6 +66,7 @@ void run_indexed_decode(const View2<const TQ>& q, const KvCache<TC>& cache, cons
                 store((*probs)(h, t), t < static_cast<std::int64_t>(list.size()) ? p[static_cast<std::size_t>(t)] : 0.0);
         }
     }
+    ::vlsparse::detail::check_narrowed_output(out, fn, "out");  // fp16 / bf16 outputs: nothing rounded to inf
 }
 
 }  // namespace detail

@@ -124,7 +124,9 @@ inline const char* kTopUsage =
     "  policies                   list the policies and their parameters\n"
     "\n"
     "With no command, `run` on the built-in default scenario. `vlsparse-sim COMMAND --help` for the\n"
-    "options of each. Scenario files: sim/scenarios/; format and metrics: docs/simulator.md.\n";
+    "options of each. Scenario files: sim/scenarios/; format and metrics: docs/simulator.md.\n"
+    "A scenario whose estimated memory exceeds 16 GiB is rejected before it runs;\n"
+    "VLSPARSE_SIM_MAX_MEMORY_GIB=N sets another limit (N GiB).\n";
 
 inline const char* kRunUsage =
     "usage: vlsparse-sim run [SCENARIO.json] [options]\n"

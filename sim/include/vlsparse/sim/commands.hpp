@@ -36,6 +36,8 @@ inline Scenario load_with_sets(const std::optional<std::string>& file, const std
     std::string name = "(built-in default)";
     std::filesystem::path base;
     if (file) {
+        if (std::filesystem::is_directory(*file))
+            throw ::vlsparse::error("scenario", *file + ": is a directory, expected a scenario file (.json)");
         std::ifstream f(*file);
         if (!f) throw ::vlsparse::error("scenario", *file + ": cannot open (no such file?)");
         std::stringstream ss;
@@ -85,6 +87,12 @@ inline bool parse_report_args(Args& a, ReportPaths& o, const char* usage) {
     return true;
 }
 
+// The reports' paths can be written: checked before the run, not found out after it.
+inline void check_report_paths(const ReportPaths& o, const char* default_html) {
+    if (o.json) check_writable(*o.json, "JSON report");
+    if (!o.no_html) check_writable(o.html ? std::filesystem::path(*o.html) : o.out / default_html, "HTML report");
+}
+
 inline void write_reports(const std::string& command, const Scenario& s, const RunResult& r, const ReportPaths& o,
                           const char* default_html) {
     if (o.json) {
@@ -104,6 +112,7 @@ inline int cmd_run(Args& a) {
     detail::ReportPaths o;
     if (!detail::parse_report_args(a, o, kRunUsage)) return 0;
     const Scenario s = detail::load_with_sets(o.scenario, o.sets);
+    detail::check_report_paths(o, "sim-report.html");
     print_header(stdout, "run", s, nullptr);
     std::fflush(stdout);
     Progress progress(!o.quiet);
@@ -153,12 +162,15 @@ inline int cmd_compare(Args& a) {
     detail::ReportPaths o;
     if (!detail::parse_report_args(a, o, kCompareUsage)) return 0;
     const Scenario s = detail::load_with_sets(o.scenario, o.sets);
+    detail::check_report_paths(o, "sim-compare.html");
+    std::vector<PolicyToRun> runs = sweep_policies(s);
+    check_memory(s, runs.size() + 1);  // the scenario was checked for one run per policy; compare runs the sweeps
     print_header(stdout, "compare", s, nullptr);
     std::fflush(stdout);
     Progress progress(!o.quiet);
     EngineOptions eo;
     eo.progress = &progress;
-    const RunResult r = run_engine(s, sweep_policies(s), eo);
+    const RunResult r = run_engine(s, std::move(runs), eo);
     print_source(stdout, r);
     std::printf("\n");
     print_sweep_table(stdout, s, r);
@@ -196,6 +208,8 @@ inline int cmd_characterize(Args& a) {
     }
     check_blindsight_params(P, "vlsparse-sim characterize");
     Scenario s = detail::load_with_sets(file, sets);
+    check_writable(out, "head map");
+    if (svg_out) check_writable(*svg_out, "head map picture");
     if (s.source.kind == SourceKind::residual)
         a.fail("characterize needs a synthetic or dump source (a residual model's Q/K/V depend on the policy)");
     if (s.source.kind == SourceKind::dump && prompts > 1) {
@@ -298,6 +312,22 @@ inline int cmd_masks(Args& a) {
     } else {
         s = detail::load_with_sets(file, {});
         layout = s.layout;
+    }
+    {  // the mask context (a few bytes per token) and one picture at a time: a rectangle per run of
+       // allowed keys of each row, at most images + 2 runs a row, about 80 bytes each
+        std::int64_t images = 0;
+        for (const auto& seg : layout.segments()) images += seg.is_visual();
+        const double n = static_cast<double>(layout.n());
+        const double need = n * 16.0 + n * static_cast<double>(images + 2) * 80.0, limit = max_memory_bytes();
+        if (need > limit) {
+            char lim[32];
+            std::snprintf(lim, sizeof lim, "%g GiB", limit / 1073741824.0);
+            throw ::vlsparse::error("vlsparse-sim masks", std::string(layout_spec ? "--layout" : "layout") +
+                                                              ": the pictures need an estimated " + memory_text(need) +
+                                                              " of memory for " + std::to_string(layout.n()) +
+                                                              " tokens, above the limit of " + lim +
+                                                              " (VLSPARSE_SIM_MAX_MEMORY_GIB)");
+        }
     }
     const MaskContext ctx = make_mask_context(layout, mo);
     if (cell == 0) cell = layout.n() <= 512 ? 2 : 1;

@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -58,7 +59,15 @@ struct DumpManifest {
     std::string file = "qkv.safetensors";  // safetensors file name inside the directory
     std::vector<std::int64_t> input_ids;   // optional token ids (empty: not recorded)
 
-    std::int64_t tokens() const { return layout.n() + decode_steps; }
+    // Rows: prompt + decode steps. Throws vlsparse::error when the sum does not fit int64.
+    std::int64_t tokens() const {
+        const std::int64_t n = layout.n();
+        if (decode_steps < 0 || decode_steps > std::numeric_limits<std::int64_t>::max() - n)
+            throw ::vlsparse::error("DumpManifest::tokens", ::vlsparse::detail::concat("layout tokens ", n,
+                                                                                      " + decode_steps ", decode_steps,
+                                                                                      " overflow int64"));
+        return n + decode_steps;
+    }
     double softmax_scale() const { return scale > 0.0 ? scale : 1.0 / std::sqrt(static_cast<double>(shape.head_dim)); }
 };
 
@@ -149,6 +158,9 @@ inline DumpManifest read_dump_manifest(const std::filesystem::path& dir) {
                     "', expected \"npy\" or \"safetensors\"");
     if (j.contains("file")) m.file = string("file");
     if (j.contains("decode_steps")) m.decode_steps = integer("decode_steps", 0);
+    detail::require(m.decode_steps <= std::numeric_limits<std::int64_t>::max() - m.layout.n(), fn, "'", name,
+                    "': 'decode_steps' = ", m.decode_steps, ": layout tokens ", m.layout.n(),
+                    " + decode_steps overflow int64");
     if (j.contains("scale")) {
         const auto& v = j["scale"];
         detail::require(v.is_number(), fn, "'", name, "': 'scale' is ", v.dump(), ", expected a number");
@@ -300,13 +312,19 @@ inline void write_dump(const std::filesystem::path& dir, const DumpManifest& m, 
     detail::require(m.storage == "npy" || m.storage == "safetensors", fn, "storage '", m.storage,
                     "', expected npy or safetensors");
     const std::int64_t n = m.tokens(), d = m.shape.head_dim;
+    auto values = [&](std::int64_t heads) {  // n * heads * d, which a manifest may make overflow
+        constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+        detail::require(n <= kMax / heads / d, fn, "tokens ", n, " x heads ", heads, " x head_dim ", d,
+                        " overflows int64");
+        return n * heads * d;
+    };
+    const std::int64_t nq = values(m.shape.heads), nkv = values(m.shape.kv_heads);
     for (std::size_t l = 0; l < layers.size(); ++l) {
-        detail::require(layers[l].q.size() == static_cast<std::size_t>(n * m.shape.heads * d), fn, "layer ", l, ": q has ",
-                        layers[l].q.size(), " values, expected tokens * heads * head_dim = ", n * m.shape.heads * d);
+        detail::require(layers[l].q.size() == static_cast<std::size_t>(nq), fn, "layer ", l, ": q has ",
+                        layers[l].q.size(), " values, expected tokens * heads * head_dim = ", nq);
         for (const auto* x : {&layers[l].k, &layers[l].v})
-            detail::require(x->size() == static_cast<std::size_t>(n * m.shape.kv_heads * d), fn, "layer ", l,
-                            ": k or v has ", x->size(), " values, expected tokens * kv_heads * head_dim = ",
-                            n * m.shape.kv_heads * d);
+            detail::require(x->size() == static_cast<std::size_t>(nkv), fn, "layer ", l, ": k or v has ", x->size(),
+                            " values, expected tokens * kv_heads * head_dim = ", nkv);
     }
     write_dump_manifest(dir, m);
     const std::string_view st = detail::safetensors_dtype_of(m.dtype);

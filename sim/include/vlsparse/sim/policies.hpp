@@ -130,7 +130,11 @@ struct ParamReader {
     JsonWhere w;
     template <class T>
     void get(const char* key, T& out) const {
-        if (const json* v = find_key(j, key)) out = v->get<T>();
+        const json* v = find_key(j, key);
+        if (!v) return;
+        if (const std::string p = ::vlsparse::detail::json_number_problem<T>(*v); !p.empty())
+            w.key(key).fail(p + ", got " + json_repr(*v));
+        out = v->get<T>();
     }
     template <class E, std::size_t N>
     void enumeration(const char* key, E& out, const std::pair<E, const char*> (&names)[N]) const {

@@ -101,6 +101,22 @@ inline json report_json(const std::string& command, const Scenario& s, const Run
                 {"runs", runs}};
 }
 
+// Throws unless `path` can be written (its folder created if needed), the way write_text_file would:
+// for the reports' paths, checked before a run rather than after it. Leaves no file behind.
+inline void check_writable(const std::filesystem::path& path, const char* what) {
+    std::error_code ec;
+    if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
+    const bool existed = std::filesystem::exists(path, ec);
+    bool ok = !std::filesystem::is_directory(path, ec);
+    if (ok) {
+        std::ofstream f(path, std::ios::binary | std::ios::app);  // app: an existing file is not truncated
+        ok = static_cast<bool>(f);
+    }
+    if (!existed) std::filesystem::remove(path, ec);
+    if (!ok)
+        throw ::vlsparse::error("vlsparse-sim", std::string("cannot write the ") + what + " to '" + path.string() + "'");
+}
+
 inline void write_text_file(const std::filesystem::path& path, const std::string& text, const char* what) {
     if (path.has_parent_path()) {
         std::error_code ec;

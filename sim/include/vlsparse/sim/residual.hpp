@@ -60,6 +60,8 @@ public:
         shape.validate(fn);
         detail::require(p.vocab >= 2, fn, "vocab = ", p.vocab, ", expected >= 2");
         detail::require(std::isfinite(p.residual_scale), fn, "residual_scale = ", p.residual_scale, ", expected finite");
+        detail::require(std::abs(p.residual_scale) <= 1e6, fn, "residual_scale = ", p.residual_scale,
+                        ", expected -1e6 <= residual_scale <= 1e6 (larger values overflow the fp32 hidden state)");
         detail::require(std::isfinite(p.norm_eps) && p.norm_eps > 0.0, fn, "norm_eps = ", p.norm_eps, ", expected > 0");
         detail::require(p.structure.version == 2, fn, "structure.version = ", p.structure.version, ", expected 2");
         S_ = p.structure;

@@ -47,9 +47,21 @@ struct SafetensorsEntry {
     std::string name, dtype;
     std::vector<std::int64_t> shape;
     std::uint64_t begin = 0, end = 0;  // byte range within the data section
+    // The element count; throws vlsparse::error when it does not fit int64 (SafetensorsFile rejects
+    // such headers when it opens the file, so its entries never throw).
     std::int64_t numel() const {
+        constexpr const char* fn = "SafetensorsEntry::numel";
+        for (auto e : shape)
+            if (e < 0)
+                throw ::vlsparse::error(fn, ::vlsparse::detail::concat("tensor '", name, "': negative extent ", e));
+        for (auto e : shape)
+            if (e == 0) return 0;
         std::int64_t n = 1;
-        for (auto e : shape) n *= e;
+        for (auto e : shape) {
+            if (n > std::numeric_limits<std::int64_t>::max() / e)
+                throw ::vlsparse::error(fn, "tensor '" + name + "': its shape has too many elements");
+            n *= e;
+        }
         return n;
     }
 };
@@ -74,12 +86,17 @@ inline std::uint64_t read_le64(const unsigned char* b) {
 // Product of the extents with overflow checks.
 inline std::uint64_t checked_bytes(const std::vector<std::int64_t>& shape, std::size_t itemsize, const char* fn,
                                    const std::string& where) {
-    std::uint64_t n = itemsize;
+    std::uint64_t n = itemsize, count = 1;  // bytes; elements (at most 2^63 - 1, SafetensorsEntry::numel)
+    for (auto e : shape) require(e >= 0, fn, where, ": negative extent ", e, " in its shape");
+    for (auto e : shape)
+        if (e == 0) return 0;
     for (auto e : shape) {
-        require(e >= 0, fn, where, ": negative extent ", e, " in its shape");
-        if (e != 0 && n > std::numeric_limits<std::uint64_t>::max() / static_cast<std::uint64_t>(e))
+        const auto u = static_cast<std::uint64_t>(e);
+        if (n > std::numeric_limits<std::uint64_t>::max() / u ||
+            count > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) / u)
             throw ::vlsparse::error(fn, where + ": its shape has too many elements");
-        n *= static_cast<std::uint64_t>(e);
+        n *= u;
+        count *= u;
     }
     return n;
 }
@@ -217,8 +234,9 @@ private:
                             "', expected one of F64, F32, F16, BF16, I64, I32, I16, I8, U64, U32, U16, U8, BOOL, F8_E4M3, F8_E5M2");
             detail::require(e.begin <= e.end, fn, where, ": data_offsets [", e.begin, ", ", e.end, "] end before they begin");
             const std::uint64_t need = detail::checked_bytes(e.shape, item, fn, where);
-            detail::require(e.end - e.begin == need, fn, where, ": shape of ", e.numel(), " ", e.dtype, " elements needs ",
-                            need, " bytes, data_offsets [", e.begin, ", ", e.end, "] hold ", e.end - e.begin);
+            detail::require(e.end - e.begin == need, fn, where, ": shape of ", need / item, " ", e.dtype,
+                            " elements needs ", need, " bytes, data_offsets [", e.begin, ", ", e.end, "] hold ",
+                            e.end - e.begin);
             detail::require(e.end <= data_size, fn, where, ": data_offsets end at byte ", e.end, " but the file holds ",
                             data_size, " data bytes (truncated file)");
             entries_.push_back(std::move(e));

@@ -14,15 +14,23 @@
 // With a dump source, "model", "layout" and "decode_steps" may be left out (the dump's manifest gives
 // them; given, they must match it). Every unknown key, wrong type, impossible shape (heads not a
 // multiple of kv_heads, a layout that does not parse, params out of range) is rejected with the
-// file and the JSON path of the problem.
+// file and the JSON path of the problem; so is a scenario whose estimated memory exceeds the limit
+// (16 GiB, or $VLSPARSE_SIM_MAX_MEMORY_GIB), checked before anything that grows with it is allocated.
 // docs/simulator.md describes every key. Include: <vlsparse/sim/scenario.hpp>
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -69,6 +77,8 @@ struct Scenario {
     std::uint64_t seed = 1;
     std::string file;                  // where it was read from ("" = built in)
     std::filesystem::path base_dir;    // relative paths inside the scenario resolve here
+    bool model_from_dump = false;      // "model" / "layout" left out: the dump's manifest gave them
+    bool layout_from_dump = false;
 
     std::int64_t n() const { return layout.n(); }
 };
@@ -110,8 +120,13 @@ inline SyntheticParams synthetic_params_from_json(const json& j, const JsonWhere
                                                   std::uint64_t seed) {
     SyntheticParams P;
     check_params_like(j, synthetic_params_json(P), w);
-    auto get = [&](const char* key, auto& out) {
-        if (const json* v = find_key(j, key)) out = v->get<std::remove_reference_t<decltype(out)>>();
+    auto get = [&](const char* key, auto& out) {  // types checked above; ranges in the JSON's own type
+        using T = std::remove_reference_t<decltype(out)>;
+        const json* v = find_key(j, key);
+        if (!v) return;
+        if (const std::string p = ::vlsparse::detail::json_number_problem<T>(*v); !p.empty())
+            w.key(key).fail(p + ", got " + json_repr(*v));
+        out = v->get<T>();
     };
     get("sink", P.sink);
     get("heavy", P.heavy);
@@ -199,9 +214,200 @@ inline ResidualParams residual_params(const Scenario& s) {
     return P;
 }
 
+// ---- memory: estimated from the sizes alone, checked before anything large is allocated -----------
+//
+// A scenario's run holds one layer's Q/K/V (plain sources) or the residual model's weights and every
+// layer's KV cache (residual source), a KV cache and an attention output per run (the dense reference
+// and each policy), and the block masks of BlindSight (and of PureKV on video). The estimate adds
+// these up in doubles (no size can overflow it); scenario_from_json rejects a scenario whose estimate
+// exceeds the limit, naming the key that weighs most, before it allocates anything that grows with
+// the sizes (the residual check model included).
+
+inline constexpr double kDefaultMaxMemoryGiB = 16.0;
+
+// The limit in bytes: $VLSPARSE_SIM_MAX_MEMORY_GIB (a positive number of GiB) or 16 GiB.
+inline double max_memory_bytes() {
+    double gib = kDefaultMaxMemoryGiB;
+    if (const char* e = std::getenv("VLSPARSE_SIM_MAX_MEMORY_GIB"); e && *e) {
+        char* end = nullptr;
+        gib = std::strtod(e, &end);
+        if (*end != '\0' || !std::isfinite(gib) || gib <= 0.0)
+            throw ::vlsparse::error("scenario", std::string("VLSPARSE_SIM_MAX_MEMORY_GIB = '") + e +
+                                                    "', expected a positive number of GiB");
+    }
+    return gib * 1073741824.0;
+}
+
+// "1.23 GiB", "456 MiB" (three significant digits).
+inline std::string memory_text(double bytes) {
+    const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    int u = 0;
+    while (u < 6 && bytes >= 1024.0) bytes /= 1024.0, ++u;
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.3g %s", bytes, units[u]);
+    return buf;
+}
+
+// The sizes an estimate reads, as doubles.
+struct MemorySizes {
+    double tokens = 0, segments = 1, decode_steps = 0;
+    double layers = 0, heads = 0, kv_heads = 0, head_dim = 0;
+    double runs = 1;            // the dense reference and every policy run
+    bool residual = false;      // residual source: hidden, vocab
+    double hidden = 0, vocab = 0;
+    struct Masks {
+        std::size_t policy = 0;              // index in Scenario::policies
+        double q_block = 0, k_block = 0;     // its block sizes
+        double q_default = 0, k_default = 0;
+    };
+    std::vector<Masks> block_masks;  // one per policy that builds a block mask
+};
+
+struct MemoryEstimate {
+    std::vector<std::pair<std::string, double>> parts;  // what, bytes
+    double total() const {
+        double t = 0.0;
+        for (const auto& p : parts) t += p.second;
+        return t;
+    }
+    // "3.2 GiB of memory (Q/K/V of a layer 1.1 GiB, KV caches 2 GiB, ...)"
+    std::string str() const {
+        std::string s = memory_text(total()) + " of memory (";
+        for (std::size_t i = 0; i < parts.size(); ++i)
+            s += (i ? ", " : "") + parts[i].first + " " + memory_text(parts[i].second);
+        return s + ")";
+    }
+};
+
+inline MemoryEstimate estimate_memory(const MemorySizes& z) {
+    constexpr double f = sizeof(float);
+    const double n = z.tokens, T = n + z.decode_steps, H = z.heads, Hkv = z.kv_heads, d = z.head_dim;
+    const double wq = H * d, wkv = Hkv * d;  // values per token of Q, and of K (or V)
+    MemoryEstimate e;
+    if (!z.residual) {  // one layer at a time: Q/K/V, a gathered copy for runs with fewer rows, one cache per run
+        e.parts.push_back({"Q/K/V of a layer", (T + n) * (wq + 2.0 * wkv) * f});
+        e.parts.push_back({"KV caches", z.runs * T * wkv * (2.0 * f + 8.0) + n * wkv * 2.0 * f});
+    } else {  // the model's weights, every layer's cache per run, a hidden state per run
+        e.parts.push_back({"Q/K/V of a layer", n * (wq + 2.0 * wkv) * f});
+        e.parts.push_back({"KV caches", z.runs * z.layers * T * wkv * (2.0 * f + 8.0)});
+        e.parts.push_back({"residual model", (2.0 * z.vocab + 2.0 * z.layers * (wq + wkv)) * z.hidden * f});
+        e.parts.push_back({"hidden states", (z.runs + 2.0) * n * z.hidden * f});
+    }
+    e.parts.push_back({"attention outputs", (z.runs + 1.0) * n * wq * f});
+    e.parts.push_back({"per-token bookkeeping", z.runs * T * Hkv * 16.0 + n * (H * 8.0 + 64.0)});
+    double masks = 0.0;
+    for (const auto& m : z.block_masks)
+        masks += (std::ceil(n / m.q_block) + z.segments) * std::ceil(n / m.k_block) * (96.0 + 8.0 * H);
+    if (!z.block_masks.empty()) e.parts.push_back({"block masks", masks});
+    return e;
+}
+
+namespace detail {
+// An integer key of a params object when it is one in [lo, hi], else `fallback` (the checks of the
+// params report bad values; the estimate only needs a plausible size).
+inline double int_or(const json& params, const char* key, std::int64_t lo, std::int64_t hi, std::int64_t fallback) {
+    const json* v = params.is_object() ? find_key(params, key) : nullptr;
+    if (!v || !v->is_number_integer()) return static_cast<double>(fallback);
+    const auto x = v->is_number_unsigned() ? static_cast<double>(v->get<std::uint64_t>())
+                                           : static_cast<double>(v->get<std::int64_t>());
+    return x >= static_cast<double>(lo) && x <= static_cast<double>(hi) ? x : static_cast<double>(fallback);
+}
+}  // namespace detail
+
+// The sizes of a scenario; `runs` = 0 counts the dense reference and one run per policy (`run`),
+// compare passes its number of sweep runs + 1.
+inline MemorySizes memory_sizes(const Scenario& s, std::size_t runs = 0) {
+    MemorySizes z;
+    z.tokens = static_cast<double>(s.layout.n());
+    z.segments = static_cast<double>(std::max<std::size_t>(s.layout.size(), 1));
+    z.decode_steps = static_cast<double>(s.decode_steps);
+    z.layers = static_cast<double>(s.model.layers);
+    z.heads = static_cast<double>(s.model.heads);
+    z.kv_heads = static_cast<double>(s.model.kv_heads);
+    z.head_dim = static_cast<double>(s.model.head_dim);
+    z.runs = static_cast<double>(runs > 0 ? runs : s.policies.size() + 1);
+    if (s.source.kind == SourceKind::residual) {
+        const ResidualParams def;
+        z.residual = true;
+        z.hidden = detail::int_or(s.source.params, "hidden", 1, 1 << 20, def.hidden);
+        z.vocab = detail::int_or(s.source.params, "vocab", 2, 1 << 24, def.vocab);
+    }
+    bool video = false;
+    for (const auto& seg : s.layout.segments()) video |= seg.kind == SegmentKind::video;
+    for (std::size_t i = 0; i < s.policies.size(); ++i) {
+        const auto& p = s.policies[i];
+        MemorySizes::Masks m{i, 0, 0, 128, 128};
+        if (p.name == "purekv") {
+            if (!video) continue;  // PureKV's ST-SpAttn masks: video prompts only
+            const PureKVParams def;
+            m.q_default = static_cast<double>(def.q_block);
+            m.k_default = static_cast<double>(def.k_block);
+        } else if (p.name != "blindsight") {
+            continue;
+        }
+        m.q_block = detail::int_or(p.params, "q_block", 1, 1 << 20, static_cast<std::int64_t>(m.q_default));
+        m.k_block = detail::int_or(p.params, "k_block", 1, 1 << 20, static_cast<std::int64_t>(m.k_default));
+        z.block_masks.push_back(m);
+    }
+    return z;
+}
+
+inline MemoryEstimate estimate_memory(const Scenario& s, std::size_t runs = 0) {
+    return estimate_memory(memory_sizes(s, runs));
+}
+
+// Throws when the estimate exceeds max_memory_bytes(), naming the key that weighs most: the one whose
+// value, set back to the built-in default scenario's, removes the most memory.
+inline void check_memory(const Scenario& s, std::size_t runs = 0) {
+    const MemorySizes z = memory_sizes(s, runs);
+    const MemoryEstimate e = estimate_memory(z);
+    const double limit = max_memory_bytes();
+    if (e.total() <= limit) return;
+    using Edit = std::function<void(MemorySizes&)>;
+    auto model = [&](const char* key) {
+        return s.model_from_dump ? std::string("source.dir") : std::string("model.") + key;
+    };
+    std::vector<std::pair<std::string, Edit>> keys = {  // each set back to the built-in default scenario's
+        {s.layout_from_dump ? "source.dir" : "layout", [](MemorySizes& x) { x.tokens = std::min(x.tokens, 1222.0); }},
+        {"decode_steps", [](MemorySizes& x) { x.decode_steps = std::min(x.decode_steps, 16.0); }},
+        {model("layers"), [](MemorySizes& x) { x.layers = std::min(x.layers, 8.0); }},
+        {model("heads"), [](MemorySizes& x) { x.heads = std::min(x.heads, 8.0); }},
+        {model("kv_heads"), [](MemorySizes& x) { x.kv_heads = std::min(x.kv_heads, 4.0); }},
+        {model("head_dim"), [](MemorySizes& x) { x.head_dim = std::min(x.head_dim, 128.0); }},
+        {"source.params.hidden", [](MemorySizes& x) { x.hidden = std::min(x.hidden, 256.0); }},
+        {"source.params.vocab", [](MemorySizes& x) { x.vocab = std::min(x.vocab, 512.0); }},
+        {"policies", [](MemorySizes& x) { x.runs = std::min(x.runs, 11.0); }},
+    };
+    for (std::size_t k = 0; k < z.block_masks.size(); ++k) {
+        const std::string at = "policies[" + std::to_string(z.block_masks[k].policy) + "].params.";
+        keys.push_back({at + "q_block", [k](MemorySizes& x) {
+                            auto& m = x.block_masks[k];
+                            m.q_block = std::max(m.q_block, m.q_default);
+                        }});
+        keys.push_back({at + "k_block", [k](MemorySizes& x) {
+                            auto& m = x.block_masks[k];
+                            m.k_block = std::max(m.k_block, m.k_default);
+                        }});
+    }
+    std::string best = keys[0].first;
+    double best_saving = -1.0;
+    for (const auto& [key, edit] : keys) {
+        MemorySizes x = z;
+        edit(x);
+        const double saving = e.total() - estimate_memory(x).total();
+        if (saving > best_saving) best = key, best_saving = saving;
+    }
+    char lim[32];
+    std::snprintf(lim, sizeof lim, "%g GiB", limit / 1073741824.0);
+    JsonWhere{s.file, best}.fail("the scenario needs an estimated " + e.str() + ", above the limit of " + lim +
+                                 " (VLSPARSE_SIM_MAX_MEMORY_GIB); this key weighs most: make it smaller, or raise the "
+                                 "limit");
+}
+
 // ---- parsing ---------------------------------------------------------------------------------------
 
-inline void check_source(Scenario& s, const json& j, const JsonWhere& w) {
+// The source's kind, params and folder (their shape only; check_source_params checks the values).
+inline void read_source(Scenario& s, const json& j, const JsonWhere& w) {
     check_object_keys(j, w, {"kind", "params", "dir"});
     const std::string kind = read_string(j, "kind", w, std::string("synthetic"));
     if (kind == "synthetic") s.source.kind = SourceKind::synthetic;
@@ -218,6 +424,10 @@ inline void check_source(Scenario& s, const json& j, const JsonWhere& w) {
     } else if (s.source.kind == SourceKind::dump) {
         w.key("dir").fail("missing (a dump source needs the folder of the dumped Q/K/V)");
     }
+}
+
+// The source's params: every key, type and range (the residual model is built for one layer).
+inline void check_source_params(const Scenario& s, const JsonWhere& w) {
     if (s.source.kind == SourceKind::synthetic) {
         if (s.model.head_dim < 8)
             JsonWhere{s.file, "model.head_dim"}.fail("the synthetic source needs head_dim >= 8, got " +
@@ -234,10 +444,10 @@ inline void check_source(Scenario& s, const json& j, const JsonWhere& w) {
     }
 }
 
-inline void check_policies(Scenario& s, const json& j, const JsonWhere& w) {
+// The policies' names, labels, params and sweeps as given (check_policies checks the values).
+inline void read_policies(Scenario& s, const json& j, const JsonWhere& w) {
     if (!j.is_array()) w.fail("expected an array of policies, got " + json_repr(j));
     if (j.empty()) w.fail("expected at least one policy");
-    const PolicyContext ctx{s.model, s.base_dir};
     for (std::size_t i = 0; i < j.size(); ++i) {
         const JsonWhere pw = w.index(i);
         const json& e = j[i];
@@ -269,7 +479,31 @@ inline void check_policies(Scenario& s, const json& j, const JsonWhere& w) {
             }
             s.policies.push_back(p);
         }
-        PolicySpec& p = s.policies.back();
+    }
+    // unique labels
+    for (std::size_t i = 0; i < s.policies.size(); ++i) {
+        auto& p = s.policies[i];
+        const bool given = !p.label.empty();
+        if (!given) p.label = p.name;
+        int copy = 1;
+        std::string base = p.label;
+        for (bool clash = true; clash;) {
+            clash = false;
+            for (std::size_t k = 0; k < i; ++k) clash |= s.policies[k].label == p.label;
+            if (clash) {
+                if (given) w.index(i).key("label").fail("'" + p.label + "' is used by an earlier policy; labels must be unique");
+                p.label = base + "#" + std::to_string(++copy);
+            }
+        }
+    }
+}
+
+// Every policy and sweep value made through the registry and begun on the scenario's prompt.
+inline void check_policies(const Scenario& s, const JsonWhere& w) {
+    const PolicyContext ctx{s.model, s.base_dir};
+    for (std::size_t i = 0; i < s.policies.size(); ++i) {
+        const JsonWhere pw = w.index(i);
+        const PolicySpec& p = s.policies[i];
         const PolicyInfo& info = policy_info(p.name, pw.key("name"));
         const JsonWhere prm = pw.key("params");
         AnyPolicy pol = info.make(p.params, prm, ctx);
@@ -286,22 +520,6 @@ inline void check_policies(Scenario& s, const json& j, const JsonWhere& w) {
                 sp.begin(s.layout, s.model);
                 return 0;
             });
-        }
-    }
-    // unique labels
-    for (std::size_t i = 0; i < s.policies.size(); ++i) {
-        auto& p = s.policies[i];
-        const bool given = !p.label.empty();
-        if (!given) p.label = p.name;
-        int copy = 1;
-        std::string base = p.label;
-        for (bool clash = true; clash;) {
-            clash = false;
-            for (std::size_t k = 0; k < i; ++k) clash |= s.policies[k].label == p.label;
-            if (clash) {
-                if (given) w.index(i).key("label").fail("'" + p.label + "' is used by an earlier policy; labels must be unique");
-                p.label = base + "#" + std::to_string(++copy);
-            }
         }
     }
 }
@@ -333,17 +551,27 @@ inline Scenario scenario_from_json(const json& j, const std::string& file = "", 
         s.source.dir = d.string();
     }
     // model
+    constexpr std::int64_t kMaxModel = 4096;     // layers, heads, KV heads, head_dim
+    constexpr std::int64_t kMaxTokens = 1 << 22;  // a prompt's tokens
+    constexpr std::int64_t kMaxDecode = 1 << 16;  // decode steps
     if (dump && !find_key(j, "model")) {
         s.model = dump->shape;
+        s.model_from_dump = true;
+        for (const auto& [what, v] : {std::pair{"layers", s.model.layers}, std::pair{"heads", s.model.heads},
+                                      std::pair{"KV heads", s.model.kv_heads}, std::pair{"head_dim", s.model.head_dim}})
+            if (v > kMaxModel)
+                root.key("source").key("dir").fail("the dump's model has " + std::string(what) + " = " +
+                                                   std::to_string(v) + ", expected at most " + std::to_string(kMaxModel) +
+                                                   " (the limit of a scenario's model)");
     } else {
         const JsonWhere w = root.key("model");
         const json* m = find_key(j, "model");
         if (!m) w.fail("missing (expected {\"layers\", \"heads\", \"kv_heads\", \"head_dim\"})");
         check_object_keys(*m, w, {"layers", "heads", "kv_heads", "head_dim"});
-        s.model.layers = read_int(*m, "layers", w, 1, 4096);
-        s.model.heads = read_int(*m, "heads", w, 1, 4096);
-        s.model.kv_heads = read_int(*m, "kv_heads", w, 1, 4096);
-        s.model.head_dim = read_int(*m, "head_dim", w, 1, 4096);
+        s.model.layers = read_int(*m, "layers", w, 1, kMaxModel);
+        s.model.heads = read_int(*m, "heads", w, 1, kMaxModel);
+        s.model.kv_heads = read_int(*m, "kv_heads", w, 1, kMaxModel);
+        s.model.head_dim = read_int(*m, "head_dim", w, 1, kMaxModel);
         if (s.model.heads % s.model.kv_heads != 0)
             w.key("heads").fail(std::to_string(s.model.heads) + " is not a multiple of model.kv_heads = " +
                                 std::to_string(s.model.kv_heads) + " (GQA needs heads % kv_heads == 0)");
@@ -355,6 +583,11 @@ inline Scenario scenario_from_json(const json& j, const std::string& file = "", 
     // layout
     if (dump && !find_key(j, "layout")) {
         s.layout = dump->layout;
+        s.layout_from_dump = true;
+        if (s.layout.n() > kMaxTokens)
+            root.key("source").key("dir").fail("the dump's prompt has " + std::to_string(s.layout.n()) +
+                                               " tokens, expected at most " + std::to_string(kMaxTokens) +
+                                               " (the limit of a scenario's layout)");
     } else {
         const JsonWhere w = root.key("layout");
         const std::string spec = read_string(j, "layout", root);
@@ -365,11 +598,15 @@ inline Scenario scenario_from_json(const json& j, const std::string& file = "", 
         }
         if (dump && !(s.layout == dump->layout))
             w.fail("the dump's prompt is " + dump->layout.to_string() + " (omit \"layout\" to use it)");
-        if (s.layout.n() > (std::int64_t{1} << 22))
+        if (s.layout.n() > kMaxTokens)
             w.fail("the prompt has " + std::to_string(s.layout.n()) + " tokens, expected at most " +
-                   std::to_string(std::int64_t{1} << 22));
+                   std::to_string(kMaxTokens));
     }
-    s.decode_steps = read_int(j, "decode_steps", root, 0, 1 << 16, dump ? dump->decode_steps : 0);
+    if (dump && !find_key(j, "decode_steps") && dump->decode_steps > kMaxDecode)
+        root.key("decode_steps").fail("the dump holds " + std::to_string(dump->decode_steps) +
+                                      " decode rows, expected at most " + std::to_string(kMaxDecode) +
+                                      " (give decode_steps to use fewer)");
+    s.decode_steps = read_int(j, "decode_steps", root, 0, kMaxDecode, dump ? dump->decode_steps : 0);
     if (dump && s.decode_steps > dump->decode_steps)
         root.key("decode_steps").fail(std::to_string(s.decode_steps) + " steps, but the dump holds " +
                                       std::to_string(dump->decode_steps) + " decode rows after the prompt");
@@ -378,14 +615,20 @@ inline Scenario scenario_from_json(const json& j, const std::string& file = "", 
     if (s.backend != "cpu")
         root.key("backend").fail("\"" + s.backend + "\" is not available in this build, expected \"cpu\"");
     const json* src = find_key(j, "source");
-    check_source(s, src ? *src : json::object(), root.key("source"));
+    read_source(s, src ? *src : json::object(), root.key("source"));
     const json* pol = find_key(j, "policies");
     if (!pol) root.key("policies").fail("missing (expected an array of {\"name\", \"params\"})");
-    check_policies(s, *pol, root.key("policies"));
+    read_policies(s, *pol, root.key("policies"));
+    // The sizes are known: reject what would not fit in memory before anything grows with them.
+    check_memory(s);
+    check_source_params(s, root.key("source"));
+    check_policies(s, root.key("policies"));
     return s;
 }
 
 inline Scenario load_scenario(const std::filesystem::path& path) {
+    if (std::filesystem::is_directory(path))
+        throw ::vlsparse::error("scenario", path.string() + ": is a directory, expected a scenario file (.json)");
     std::ifstream f(path);
     if (!f) throw ::vlsparse::error("scenario", path.string() + ": cannot open (no such file?)");
     std::stringstream ss;

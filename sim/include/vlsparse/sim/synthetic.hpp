@@ -210,8 +210,13 @@ inline void validate(const SyntheticParams& P, const char* fn) {
     require(d >= 8, fn, "head_dim = ", d, ", expected >= 8");
     require(H > 0 && Hkv > 0 && H % Hkv == 0, fn, "heads ", H, " / KV heads ", Hkv, ", expected H % H_kv == 0");
     if (P.version == 1) return;  // version 1 checks nothing else, as before
+    // Strengths, noise and scales up to 1e6: far beyond any useful value, and small enough that the
+    // fp32 Q/K (and their dot products over d <= 4096) stay finite.
+    constexpr double kMaxStrength = 1e6;
     auto nonneg = [&](double x, const char* name) {
         require(std::isfinite(x) && x >= 0.0, fn, name, " = ", x, ", expected a finite value >= 0");
+        require(x <= kMaxStrength, fn, name, " = ", x, ", expected at most ", kMaxStrength,
+                " (larger values overflow the fp32 Q/K)");
     };
     auto unit = [&](double x, const char* name) {
         require(std::isfinite(x) && x >= 0.0 && x <= 1.0, fn, name, " = ", x, ", expected 0 <= ", name, " <= 1");
@@ -237,6 +242,9 @@ inline void validate(const SyntheticParams& P, const char* fn) {
             "the shares of sink, heavy, local and document heads are all 0, expected a positive sum");
     require(std::isfinite(P.local_radius) && P.local_radius > 0.0, fn, "local_radius = ", P.local_radius,
             ", expected > 0");
+    require(P.local_radius >= 1.0 / kMaxStrength && P.local_radius <= kMaxStrength, fn, "local_radius = ",
+            P.local_radius, ", expected ", 1.0 / kMaxStrength, " <= local_radius <= ", kMaxStrength,
+            " (the locality frequencies are 1 / local_radius: beyond these they overflow)");
     require(P.heavy_patch >= 1, fn, "heavy_patch = ", P.heavy_patch, ", expected >= 1");
     require(P.image_sinks >= 0, fn, "image_sinks = ", P.image_sinks, ", expected >= 0");
     require(P.head_kinds.empty() || static_cast<std::int64_t>(P.head_kinds.size()) == H, fn, "head_kinds has ",
