@@ -31,6 +31,8 @@
 #include "vlsparse/policies/blindsight.hpp"
 #include "vlsparse/attention/cache_rows.hpp"
 #include "vlsparse/attention/indexed_decode.hpp"
+#include "vlsparse/kv/kv_batch.hpp"
+#include "vlsparse/attention/batched_decode.hpp"
 #include "vlsparse/policies/avl_params.hpp"
 #include "vlsparse/policies/avl.hpp"
 #include "vlsparse/policies/baselines_params.hpp"

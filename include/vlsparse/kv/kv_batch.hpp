@@ -30,10 +30,13 @@
 //
 // Where the pointers point (host or device memory) is the caller's business: the reference and the
 // CPU path read host memory, the CUDA path device memory. The host-side checks below validate the
-// metadata a caller always has on the host (batch size, lengths, indptr arrays, strides).
+// metadata a caller always has on the host (batch size, lengths, indptr arrays, strides);
+// detail::check_batch_contents also reads what the pointers hold (list entries, block tables,
+// seq_lens), so it takes host memory only: the reference and the CPU path call it.
 // Include: <vlsparse/vlsparse.hpp> (or this header alone).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <type_traits>
@@ -58,6 +61,9 @@ struct KvBatchView {
     std::int64_t page_stride = 0, row_stride = 0, head_stride = 0;  // elements
     // Paged: pages in the pool (every block-table entry is in [0, n_pages)). Contiguous: 0 (unused).
     std::int64_t n_pages = 0;
+    // block_table and seq_lens are const for what decode reads; the cache updates (append, compaction:
+    // reference/kv_batch.hpp, cuda/kv_cache.cuh) take the same view and write both through it (released
+    // block-table slots become -1, lengths change), so they must point to writable memory there.
     const std::int32_t* block_table = nullptr;  // [batch, block_table_stride]; null: contiguous
     std::int64_t block_table_stride = 0;         // entries per sequence (pages it may address)
     const std::int32_t* seq_lens = nullptr;      // [batch]: rows each sequence holds now
@@ -207,6 +213,82 @@ void check_kv_batch(const KvBatchView<T>& cache, const DecodeBatchHost& meta, st
             const std::int64_t n = meta.list_len(b, l);
             require(n >= 1 && n <= len, fn, "list ", l, " of sequence ", b, " has ", n, " entries, expected 1..", len,
                     " (its rows)");
+        }
+    }
+}
+
+// Element span [0, n) of the K (or V) buffer a cache view may address from its base pointer: the
+// largest offset() of any row and head, plus d (contiguous: its batch sequences; paged: its n_pages
+// pages). For alias checks of outputs; assumes check_kv_batch passed.
+template <class T>
+std::int64_t kv_batch_extent(const KvBatchView<T>& cache) {
+    const std::int64_t pages = cache.paged() ? cache.n_pages : cache.batch;
+    return (pages - 1) * cache.page_stride + (cache.page_size - 1) * cache.row_stride +
+           (cache.n_kv_heads - 1) * cache.head_stride + cache.head_dim;
+}
+
+// Checks what check_kv_batch cannot see because it lives behind pointers: it READS HOST MEMORY
+// (cache.seq_lens, cache.block_table, lists.indptr, lists.indices), so the reference and the CPU path
+// call it, the CUDA path does the same on the device. Call check_kv_batch first. Throws unless
+//   - cache.seq_lens[b] == meta.seq_lens[b] for every sequence;
+//   - lists and meta agree: lists_per_seq, dense or not, and lists.indptr[i] == meta.list_indptr[i];
+//   - every list is sorted ascending without duplicates, each row in [0, seq_lens[b]);
+//   - every query sees at least one listed row: the first row of every list of sequence b is
+//     <= seq_lens[b] - q_len_b (the position of its first new token, which sees the fewest rows);
+//   - paged: the block-table entries of the pages each sequence uses (0 .. ceil(seq_len / page_size)
+//     - 1) are pages of the pool, in [0, n_pages).
+// Pages may be shared between sequences (prefix sharing); nothing checks that they are not.
+template <class T>
+void check_batch_contents(const KvBatchView<T>& cache, const BatchRowLists& lists, const DecodeBatchHost& meta,
+                          const char* fn) {
+    const std::int64_t B = cache.batch;
+    require(lists.lists_per_seq == meta.lists_per_seq, fn, "the row lists have lists_per_seq = ", lists.lists_per_seq,
+            " but the host metadata says ", meta.lists_per_seq, "; expected the same");
+    require(lists.dense() == meta.list_indptr.empty(), fn,
+            lists.dense() ? "the row lists are dense (indptr null) but the host metadata has a list indptr"
+                          : "the row lists have an indptr but the host metadata's list indptr is empty (dense)",
+            "; expected both dense or both listed");
+    const std::int64_t n_lists = B * lists.lists_per_seq;
+    if (!lists.dense()) {
+        const std::int64_t total = meta.list_indptr[static_cast<std::size_t>(n_lists)];
+        require(lists.indices != nullptr || total == 0, fn, "the row lists have a null indices pointer and ", total,
+                " entries");
+        for (std::int64_t i = 0; i <= n_lists; ++i)
+            require(lists.indptr[i] == meta.list_indptr[static_cast<std::size_t>(i)], fn, "list indptr[", i, "] = ",
+                    lists.indptr[i], " but the host metadata's copy holds ", meta.list_indptr[static_cast<std::size_t>(i)],
+                    "; expected the same arrays");
+    }
+    for (std::int64_t b = 0; b < B; ++b) {
+        const std::int64_t len = meta.seq_lens[static_cast<std::size_t>(b)];
+        require(cache.seq_lens[b] == len, fn, "cache.seq_lens[", b, "] = ", cache.seq_lens[b],
+                " but the host metadata says ", len, "; expected the same lengths");
+        const std::int64_t first_query_pos = len - meta.q_len(b);  // the newest row its first query sees
+        if (cache.paged()) {
+            const std::int64_t used = (len + cache.page_size - 1) / cache.page_size;
+            for (std::int64_t p = 0; p < used; ++p) {
+                const std::int64_t page = cache.block_table[b * cache.block_table_stride + p];
+                require(page >= 0 && page < cache.n_pages, fn, "block_table[", b, ", ", p, "] = ", page, " (sequence ", b,
+                        ", rows ", p * cache.page_size, "..", std::min(len, (p + 1) * cache.page_size) - 1,
+                        "), expected a page of the pool in [0, ", cache.n_pages, ")");
+            }
+        }
+        if (lists.dense()) continue;
+        for (std::int64_t l = 0; l < lists.lists_per_seq; ++l) {
+            const std::int64_t li = b * lists.lists_per_seq + l;
+            const std::int64_t e0 = lists.indptr[li], e1 = lists.indptr[li + 1];
+            for (std::int64_t e = e0; e < e1; ++e) {
+                const std::int64_t r = lists.indices[e];
+                require(r >= 0 && r < len, fn, "list ", l, " of sequence ", b, " holds row ", r, " at entry ", e - e0,
+                        " (indices[", e, "]), expected a row in [0, ", len, ")");
+                if (e == e0) continue;  // require evaluates its message: indices[e - 1] only from the second entry
+                require(r > lists.indices[e - 1], fn, "list ", l, " of sequence ", b,
+                        " is not sorted ascending without duplicates at entry ", e - e0, " (rows ", lists.indices[e - 1],
+                        ", ", r, ")");
+            }
+            const std::int64_t first = e1 > e0 ? lists.indices[e0] : len;
+            require(first <= first_query_pos, fn, "query 0 of sequence ", b, " (position ", first_query_pos,
+                    ") sees no row of list ", l, " (its first row is ", first,
+                    "); expected every new token to see at least one listed row");
         }
     }
 }
