@@ -157,6 +157,42 @@ struct DecodeBatchHost {
 
 namespace detail {
 
+// The checks of a step's host metadata alone (every backend's, and the CUDA plan's, which has no
+// cache view yet): sizes of the indptr arrays, indptr[0] == 0, each sequence's length within
+// `capacity` (< 0: unknown, only >= 1 is checked), q_len in 1..kMaxQueriesPerSeq and <= its length,
+// list lengths in 1..its length.
+inline void check_decode_meta(const DecodeBatchHost& meta, std::int64_t B, std::int64_t Hkv, std::int64_t capacity,
+                              bool paged, const char* fn) {
+    require(static_cast<std::int64_t>(meta.seq_lens.size()) == B, fn, "seq_lens has ", meta.seq_lens.size(),
+            " entries, expected batch = ", B);
+    require(meta.lists_per_seq == 1 || meta.lists_per_seq == Hkv, fn, "lists_per_seq = ", meta.lists_per_seq,
+            ", expected 1 (shared) or H_kv = ", Hkv);
+    require(meta.q_indptr.empty() || static_cast<std::int64_t>(meta.q_indptr.size()) == B + 1, fn, "q_indptr has ",
+            meta.q_indptr.size(), " entries, expected batch + 1 = ", B + 1, " (or none: one query per sequence)");
+    if (!meta.q_indptr.empty()) require(meta.q_indptr[0] == 0, fn, "q_indptr[0] = ", meta.q_indptr[0], ", expected 0");
+    const std::int64_t n_lists = B * meta.lists_per_seq;
+    require(meta.list_indptr.empty() || static_cast<std::int64_t>(meta.list_indptr.size()) == n_lists + 1, fn,
+            "list indptr has ", meta.list_indptr.size(), " entries, expected batch x lists_per_seq + 1 = ", n_lists + 1,
+            " (or none: dense)");
+    if (!meta.list_indptr.empty())
+        require(meta.list_indptr[0] == 0, fn, "list indptr[0] = ", meta.list_indptr[0], ", expected 0");
+    for (std::int64_t b = 0; b < B; ++b) {
+        const std::int64_t len = meta.seq_lens[static_cast<std::size_t>(b)];
+        if (capacity < 0) require(len >= 1, fn, "sequence ", b, " holds ", len, " rows, expected >= 1");
+        else
+            require(len >= 1 && len <= capacity, fn, "sequence ", b, " holds ", len, " rows, expected 1..", capacity,
+                    paged ? " (block_table_stride x page_size)" : " (its capacity, page_size)");
+        const std::int64_t ql = meta.q_len(b);
+        require(ql >= 1 && ql <= kMaxQueriesPerSeq && ql <= len, fn, "sequence ", b, " has q_len = ", ql,
+                ", expected 1..", kMaxQueriesPerSeq, " and <= its ", len, " rows (the new tokens are appended first)");
+        for (std::int64_t l = 0; l < (meta.list_indptr.empty() ? 0 : meta.lists_per_seq); ++l) {
+            const std::int64_t n = meta.list_len(b, l);
+            require(n >= 1 && n <= len, fn, "list ", l, " of sequence ", b, " has ", n, " entries, expected 1..", len,
+                    " (its rows)");
+        }
+    }
+}
+
 // Checks the cache description against the host metadata: shapes, strides that keep every row of
 // every sequence inside its own page and head, lengths within capacity, q_len in 1..kMaxQueriesPerSeq
 // and <= seq_len, indptr arrays monotone with list lengths <= seq_len. `meta.seq_lens` must hold the
@@ -189,32 +225,7 @@ void check_kv_batch(const KvBatchView<T>& cache, const DecodeBatchHost& meta, st
         require(cache.n_pages >= 1, fn, "paged cache with n_pages = ", cache.n_pages, ", expected >= 1");
         require(cache.block_table_stride >= 1, fn, "block_table_stride = ", cache.block_table_stride, ", expected >= 1");
     }
-    require(static_cast<std::int64_t>(meta.seq_lens.size()) == B, fn, "seq_lens has ", meta.seq_lens.size(),
-            " entries, expected batch = ", B);
-    require(meta.lists_per_seq == 1 || meta.lists_per_seq == Hkv, fn, "lists_per_seq = ", meta.lists_per_seq,
-            ", expected 1 (shared) or H_kv = ", Hkv);
-    require(meta.q_indptr.empty() || static_cast<std::int64_t>(meta.q_indptr.size()) == B + 1, fn, "q_indptr has ",
-            meta.q_indptr.size(), " entries, expected batch + 1 = ", B + 1, " (or none: one query per sequence)");
-    if (!meta.q_indptr.empty()) require(meta.q_indptr[0] == 0, fn, "q_indptr[0] = ", meta.q_indptr[0], ", expected 0");
-    const std::int64_t n_lists = B * meta.lists_per_seq;
-    require(meta.list_indptr.empty() || static_cast<std::int64_t>(meta.list_indptr.size()) == n_lists + 1, fn,
-            "list indptr has ", meta.list_indptr.size(), " entries, expected batch x lists_per_seq + 1 = ", n_lists + 1,
-            " (or none: dense)");
-    if (!meta.list_indptr.empty())
-        require(meta.list_indptr[0] == 0, fn, "list indptr[0] = ", meta.list_indptr[0], ", expected 0");
-    for (std::int64_t b = 0; b < B; ++b) {
-        const std::int64_t len = meta.seq_lens[static_cast<std::size_t>(b)];
-        require(len >= 1 && len <= cache.capacity(), fn, "sequence ", b, " holds ", len, " rows, expected 1..",
-                cache.capacity(), cache.paged() ? " (block_table_stride x page_size)" : " (its capacity, page_size)");
-        const std::int64_t ql = meta.q_len(b);
-        require(ql >= 1 && ql <= kMaxQueriesPerSeq && ql <= len, fn, "sequence ", b, " has q_len = ", ql,
-                ", expected 1..", kMaxQueriesPerSeq, " and <= its ", len, " rows (the new tokens are appended first)");
-        for (std::int64_t l = 0; l < (meta.list_indptr.empty() ? 0 : meta.lists_per_seq); ++l) {
-            const std::int64_t n = meta.list_len(b, l);
-            require(n >= 1 && n <= len, fn, "list ", l, " of sequence ", b, " has ", n, " entries, expected 1..", len,
-                    " (its rows)");
-        }
-    }
+    check_decode_meta(meta, B, Hkv, cache.capacity(), cache.paged(), fn);
 }
 
 // Element span [0, n) of the K (or V) buffer a cache view may address from its base pointer: the

@@ -91,7 +91,7 @@ public:
         require(!with_probs || !meta.list_indptr.empty(), fn,
                 "probabilities need row lists (for dense decode pass the all-rows list)");
         // The same checks as every backend's (a cache view is checked again at run time).
-        check_meta(meta, B, n_kv_heads, fn);
+        ::vlsparse::detail::check_decode_meta(meta, B, n_kv_heads, -1, false, fn);
         H_ = n_heads;
         Hkv_ = n_kv_heads;
         d_ = head_dim;
@@ -133,7 +133,7 @@ public:
             }
         }
         n_units_ = static_cast<std::int64_t>(units.size());
-        chunk_ = choose_chunk(units.size(), [&](std::int64_t c) {
+        chunk_ = choose_chunk([&](std::int64_t c) {
             std::int64_t n = 0;
             for (const auto& u : units) n += (u.len + c - 1) / c;
             return n;
@@ -205,43 +205,15 @@ public:
     std::int64_t max_q_len() const { return qmax_; }
 
 private:
-    static void check_meta(const DecodeBatchHost& meta, std::int64_t B, std::int64_t Hkv, const char* fn) {
-        using ::vlsparse::detail::require;
-        require(meta.lists_per_seq == 1 || meta.lists_per_seq == Hkv, fn, "lists_per_seq = ", meta.lists_per_seq,
-                ", expected 1 (shared) or H_kv = ", Hkv);
-        require(meta.q_indptr.empty() || static_cast<std::int64_t>(meta.q_indptr.size()) == B + 1, fn, "q_indptr has ",
-                meta.q_indptr.size(), " entries, expected batch + 1 = ", B + 1, " (or none: one query per sequence)");
-        const std::int64_t n_lists = B * meta.lists_per_seq;
-        require(meta.list_indptr.empty() || static_cast<std::int64_t>(meta.list_indptr.size()) == n_lists + 1, fn,
-                "list indptr has ", meta.list_indptr.size(), " entries, expected batch x lists_per_seq + 1 = ",
-                n_lists + 1, " (or none: dense)");
-        if (!meta.q_indptr.empty()) require(meta.q_indptr[0] == 0, fn, "q_indptr[0] = ", meta.q_indptr[0], ", expected 0");
-        if (!meta.list_indptr.empty())
-            require(meta.list_indptr[0] == 0, fn, "list indptr[0] = ", meta.list_indptr[0], ", expected 0");
-        for (std::int64_t b = 0; b < B; ++b) {
-            const std::int64_t len = meta.seq_lens[static_cast<std::size_t>(b)];
-            require(len >= 1, fn, "sequence ", b, " holds ", len, " rows, expected >= 1");
-            const std::int64_t ql = meta.q_len(b);
-            require(ql >= 1 && ql <= kMaxQueriesPerSeq && ql <= len, fn, "sequence ", b, " has q_len = ", ql,
-                    ", expected 1..", kMaxQueriesPerSeq, " and <= its ", len, " rows (the new tokens are appended first)");
-            for (std::int64_t l = 0; l < (meta.list_indptr.empty() ? 0 : meta.lists_per_seq); ++l) {
-                const std::int64_t n = meta.list_len(b, l);
-                require(n >= 1 && n <= len, fn, "list ", l, " of sequence ", b, " has ", n, " entries, expected 1..",
-                        len, " (its rows)");
-            }
-        }
-    }
-
     // Chunk size (a multiple of kChunkQuantum) minimizing the estimated time: waves of blocks over the
     // GPU x the longest chunk, plus a per-block overhead worth kChunkQuantum rows.
     template <class CountItems>
-    std::int64_t choose_chunk(std::size_t n_units, CountItems&& count, std::int64_t longest) {
+    std::int64_t choose_chunk(CountItems&& count, std::int64_t longest) {
         const std::int64_t q = detail::kChunkQuantum;
         const std::int64_t slots = static_cast<std::int64_t>(sm_count()) * kBlocksPerSm;
         const std::int64_t top = std::max<std::int64_t>(q, (longest + q - 1) / q * q);
         std::int64_t best = top;
         double best_cost = std::numeric_limits<double>::infinity();
-        (void)n_units;
         // Candidates: the chunk sizes that split the longest list into k pieces, k = 1, 2, ... (every
         // distinct multiple of q up to 64 pieces, then a geometric sweep).
         std::vector<std::int64_t> cands;
@@ -303,7 +275,6 @@ private:
             dev_bytes_ = 0;
             detail::check_cuda(cudaMalloc(&dev_, need), fn, "cudaMalloc");
             dev_bytes_ = need;
-            counters_dirty_ = true;
         }
         if (up > pinned_bytes_) {
             cudaFreeHost(pinned_);
@@ -349,7 +320,6 @@ private:
         // failed half-way cannot leave a stale count behind.
         detail::check_cuda(cudaMemsetAsync(v.counters, 0, b_cnt, stream), fn, "cudaMemsetAsync");
         detail::check_cuda(cudaEventRecord(uploaded_, stream), fn, "cudaEventRecord");
-        counters_dirty_ = false;
     }
 
     static constexpr int kBlocksPerSm = 3;  // resident decode blocks per multiprocessor (shared memory bound)
@@ -357,7 +327,7 @@ private:
     std::int64_t H_ = 0, Hkv_ = 0, d_ = 0, B_ = 0, total_q_ = 0, qmax_ = 1, nqb_ = 1, n_units_ = 0, chunk_ = 0,
                  n_entries_ = 0;
     std::int32_t lists_per_seq_ = 1;
-    bool dense_ = true, with_probs_ = false, counters_dirty_ = true;
+    bool dense_ = true, with_probs_ = false;
     std::vector<std::int32_t> seq_lens_, q_indptr_, list_indptr_;
     std::vector<detail::DecodeItem> items_;
     void* dev_ = nullptr;
