@@ -18,16 +18,22 @@
 #   torch    bench/torch_decode_bench.py (bf16 on the full grid; fp16 and fp32 on cuda_decode_bench's
 #            smaller grids)                                             -> OUTDIR/torch.csv
 #   report   bench/cuda_decode_report.py on the two CSV files           -> OUTDIR/report.md
+#   selbench build-gpu/bench/cuda_select_bench (ZipVL selection)        -> OUTDIR/select.csv
+#   seltorch bench/torch_select_bench.py (cuDNN / flash prefill, selection with PyTorch ops), appended
+#                                                                       -> OUTDIR/select.csv
+#   selreport bench/cuda_select_report.py                               -> OUTDIR/select_report.md
 # (the output of bench, torch and report -> OUTDIR/bench.log), then a short summary on stdout, also
-# appended to OUTDIR/device.txt; the exit status is 1 when any step failed. At most 8 files.
+# appended to OUTDIR/device.txt; the exit status is 1 when any step failed. At most 11 files.
 #
-# Environment: STEPS (default "device build test memcheck bench torch report": a subset runs only
+# Environment: STEPS (default "device build test memcheck bench torch report selbench seltorch
+# selreport": a subset runs only
 # those, e.g. to split the work over several calls of a machine that keeps build-gpu), GPU_ARCH
 # (sm_90), BUILD_DIR (build-gpu), CUDA_TEST_ARGS (passed to the test executable, e.g. a Catch2
 # filter), SANITIZER_FILTER, SANITIZER_TOOL (memcheck), BENCH_ARGS (cuda_decode_bench, e.g.
 # "--quick" or "--reps 51"), TORCH_BENCH_ARGS (one torch_decode_bench.py call with these arguments
 # instead of the three default grids, e.g. "--batch 1 --n 16384"), STEP_TIMEOUT (seconds per step,
-# default 1200), PYTHON (python3).
+# default 1200), SELECT_BENCH_ARGS (cuda_select_bench, e.g. "--quick"), SELECT_TORCH_ARGS
+# (torch_select_bench.py, e.g. "--n 8192,16384"), PYTHON (python3).
 set -uo pipefail
 if [ $# -ne 1 ]; then
   echo "usage: bash bench/run_cuda.sh OUTDIR" >&2
@@ -42,14 +48,14 @@ if ! command -v nvcc >/dev/null 2>&1; then
     if [ -n "$d" ] && [ -x "$d/bin/nvcc" ]; then export PATH="$d/bin:$PATH"; break; fi
   done
 fi
-steps=" ${STEPS:-device build test memcheck bench torch report} "
+steps=" ${STEPS:-device build test memcheck bench torch report selbench seltorch selreport} "
 arch=${GPU_ARCH:-sm_90}
 bdir=${BUILD_DIR:-build-gpu}
 tmo=${STEP_TIMEOUT:-1200}
 python=${PYTHON:-python3}
 summary=()
 failed=0
-rm -f "$out"/{device.txt,build.log,cuda-tests.log,memcheck.log,bench.log,report.md}
+rm -f "$out"/{device.txt,build.log,cuda-tests.log,memcheck.log,bench.log,report.md,select.csv,select_report.md}
 
 export bdir arch out python
 # step NAME LOG COMMAND...: runs COMMAND, a program or a function of this script (output to LOG,
@@ -90,7 +96,7 @@ if want device; then
     echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
     # Which sources ran (a copy of a working tree may carry a stale .git): compare with the same
     # command run in the checkout that was sent.
-    echo "cuda sources sha256: $(find cuda/include tests/cuda bench/cuda_decode_bench.cu -type f | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)"
+    echo "cuda sources sha256: $(find cuda/include tests/cuda bench/cuda_decode_bench.cu bench/cuda_select_bench.cu -type f | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)"
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1
     nvidia-smi -q 2>&1 | sed -n '1,12p'
     echo "nvcc: $(nvcc --version 2>&1 | tail -n 2 | head -n 1)"
@@ -173,6 +179,24 @@ if want report; then
     "$python" bench/cuda_decode_report.py "$out/vlsparse.csv" "$out/torch.csv" --out "$out/report.md" >/dev/null
   }
   step report "$out/bench.log" make_report
+fi
+
+if want selbench; then
+  if [ -x "$bdir/bench/cuda_select_bench" ]; then
+    # shellcheck disable=SC2086
+    step selbench "$out/bench.log" "$bdir/bench/cuda_select_bench" --out "$out/select.csv" ${SELECT_BENCH_ARGS:-}
+  else
+    skip selbench "no benchmark executable"
+  fi
+fi
+
+if want seltorch; then
+  # shellcheck disable=SC2086
+  step seltorch "$out/bench.log" "$python" bench/torch_select_bench.py --out "$out/select.csv" --append ${SELECT_TORCH_ARGS:-}
+fi
+
+if want selreport; then
+  step selreport "$out/bench.log" "$python" bench/cuda_select_report.py "$out/select.csv" --out "$out/select_report.md"
 fi
 
 {

@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Joins cuda_select_bench's and torch_select_bench.py's rows (one CSV file or several) into the
+markdown table of docs/cuda.md: per n, vlsparse's ZipVL selection time, its share of cuDNN's dense
+causal prefill of the same layer, and its speed-up over the same selection written with PyTorch ops,
+with the targets of "CUDA II" (<= 10% of the prefill at 16K, <= 5% from 32K, >= 10x over PyTorch ops
+at 16K) marked met / missed.
+
+  python3 bench/cuda_select_report.py select.csv [more.csv ...] [--out report.md]
+"""
+import argparse
+import csv
+import sys
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("csv", nargs="+")
+    ap.add_argument("--out", default="-")
+    a = ap.parse_args(argv)
+    rows = []
+    for path in a.csv:
+        with open(path, newline="") as f:
+            rows += [r for r in csv.DictReader(f) if r.get("impl") != "impl"]
+    t = {}
+    meta = {}
+    for r in rows:
+        if not r["time_us"]:
+            continue
+        key = (r["policy"], int(r["n"]))
+        t[key] = float(r["time_us"])
+        meta[key] = r
+    ns = sorted({int(r["n"]) for r in rows})
+    lines = ["| n | vlsparse selection | kept | cuDNN dense causal prefill | flash prefill | "
+             "selection / cuDNN prefill | PyTorch-ops selection | speed-up over PyTorch ops |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    verdicts = []
+
+    def us(x):
+        return "-" if x is None else (f"{x / 1000:.2f} ms" if x >= 1000 else f"{x:.0f} us")
+
+    for n in ns:
+        sel = t.get(("zipvl_select", n))
+        cud = t.get(("cudnn_prefill", n))
+        fla = t.get(("flash_prefill", n))
+        ops = t.get(("zipvl_torch_ops", n))
+        kept = meta.get(("zipvl_select", n), {}).get("kept", "")
+        share = sel / cud if sel and cud else None
+        speed = ops / sel if sel and ops else None
+        lines.append(f"| {n // 1024}K | {us(sel)} | {float(kept) * 100:.1f}% | {us(cud)} | {us(fla)} | "
+                     f"{'-' if share is None else f'{share * 100:.1f}%'} | {us(ops)} | "
+                     f"{'-' if speed is None else f'{speed:.1f}x'} |" if kept else
+                     f"| {n // 1024}K | {us(sel)} | - | {us(cud)} | {us(fla)} | - | {us(ops)} | - |")
+        if share is not None and n >= 16384:
+            limit = 0.10 if n < 32768 else 0.05
+            verdicts.append(f"- n = {n // 1024}K: selection {share * 100:.1f}% of cuDNN prefill (target <= {limit * 100:.0f}%): "
+                            f"{'met' if share <= limit else 'MISSED'}")
+        if speed is not None and n == 16384:
+            verdicts.append(f"- n = 16K: {speed:.1f}x faster than the PyTorch-ops selection (target >= 10x): "
+                            f"{'met' if speed >= 10 else 'MISSED'}")
+    text = "\n".join(lines + [""] + verdicts) + "\n"
+    if a.out == "-":
+        sys.stdout.write(text)
+    else:
+        with open(a.out, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,542 @@
+// vlsparse/cuda/selection/probe_scores.cuh -- column sums of probe attention on the GPU: the scoring
+// core of ZipVL (probe rows, Eq. A) and of every policy that sums an observation window's attention
+// over the keys (SnapKV, PureKV's window scores). Internal to the selection front ends (namespace
+// vlsparse::cuda::detail).
+//
+// For KV head g, its query heads h (qpk = H / H_kv of them) and the probe positions P (ascending):
+//
+//   lse[h,p]   = log2 sum_{j <= p} 2^(c q_{p,h} . k_{j,g})              c = scale * log2(e)   (pass 1)
+//   col[g, j]  = sum_{h of g} sum_{p in P, p >= j} 2^(c q_{p,h} . k_{j,g} - lse[h,p])        (pass 2)
+//
+// No |P| x n matrix is stored: pass 1 keeps one running (max, sum) per probe row and split of the keys,
+// pass 2 recomputes the scores and sums them straight into the columns. Rows are (query head of the
+// group, probe) pairs, head-major, each head's probes padded to a multiple of 16 (padding rows see no
+// key). Both passes are deterministic: every sum is taken in a fixed order, no floating-point atomics.
+//
+// Two implementations of the same arithmetic:
+//   - tensor cores (mma.sync m16n8k16, fp32 accumulation) when q and k share a 16-bit type (bf16 or
+//     fp16) and d <= 128: the inputs enter the tensor cores unrounded (q is not pre-scaled), so every
+//     product is exact and the scores carry fp32 accumulation error only. Both passes are one kernel:
+//     a block owns 128 keys of one KV head (32 per warp, held as B fragments in registers for the whole
+//     block) and streams the probe rows' A fragments (packed once by probe_pack_mma_kernel) through a
+//     deep cp.async pipeline, skipping every 16-row chunk whose probes all lie before its first key
+//     (causal). Pass 1 writes (max, sum) per row and key block, a small kernel turns them into lse;
+//     pass 2 sums the probabilities into its keys. Every block has the same shape of work, whatever
+//     the probe positions.
+//   - CUDA cores for every other input (fp32, mixed types, d up to 256): one warp per probe row in
+//     pass 1, one thread per key in pass 2, fp32 arithmetic.
+// The loads that read q's probe rows and every element of K also check them: NaN / Inf in anything
+// the selection reads sets a status bit (no separate pass over the inputs).
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "vlsparse/core/tensor.hpp"
+#include "vlsparse/cuda/common.cuh"
+
+namespace vlsparse::cuda::detail {
+
+inline constexpr int kProbeThreads = 128;  // 4 warps per block in both passes
+inline constexpr int kProbeKeyTile = 64;   // keys per pass-1 tile
+inline constexpr int kProbeColTile = 128;  // keys per pass-2 block (tensor cores)
+inline constexpr int kProbeSimtCols = 64;  // keys per pass-2 block (CUDA cores)
+inline constexpr int kInputNonFinite = 2;  // status bit: NaN / Inf in what the selection reads
+
+// What both passes read. Positions and chunk maxima describe one head's padded probe list; every head
+// of every KV head shares them.
+struct ProbeArgs {
+    const void* q = nullptr;  // [n, H, d] (strides in elements)
+    const void* k = nullptr;  // [n, H_kv, d]
+    DType q_type = DType::f32, k_type = DType::f32;
+    std::int64_t q_s0 = 0, q_s1 = 0, q_s2 = 0, k_s0 = 0, k_s1 = 0, k_s2 = 0;
+    int n = 0, d = 0, H = 0, Hkv = 0, qpk = 1;
+    int n_probes = 0, npc = 0;             // probes, 16-row chunks per head (npc * 16 = padded probes)
+    float scale_log2 = 0.0f;               // softmax scale * log2(e)
+    bool k_pairs = false;                  // K's elements readable as aligned 32-bit pairs (unit inner
+                                           // stride, even strides and d, 4-byte aligned base)
+    const std::int32_t* pos = nullptr;     // [npc * 16] probe position of each padded row (-1: padding)
+    const std::int32_t* cmax = nullptr;    // [npc] largest position in each chunk
+    const uint4* qpack = nullptr;          // tensor cores: [H_kv][qpk * npc][KS][32] A fragments
+    const float* qrows = nullptr;          // CUDA cores: [H_kv][qpk * npc * 16][d] fp32 rows (scaled by nothing)
+    float2* part = nullptr;                // [H_kv][rows][ceil(n / 128)] (max, sum) in the log2 domain
+    int* status = nullptr;                 // kInputNonFinite set when a read element of q or k is NaN / Inf
+    float* lse = nullptr;                  // [H_kv][rows]
+    float* col = nullptr;                  // [rsplit][H_kv][n] (tensor cores), [H_kv][n] (CUDA cores)
+    int rsplit = 1;                        // tensor cores: the active chunks of a key block are shared
+                                           // out over rsplit blocks (grid.z), for parallelism at small n
+};
+
+// ---- small device helpers ---------------------------------------------------------------------------
+
+__device__ __forceinline__ float ld_elem(const void* p, DType t, std::int64_t i) {
+    switch (t) {
+        case DType::f32: return __ldg(static_cast<const float*>(p) + i);
+        case DType::f16: return load_f(static_cast<const half*>(p) + i);
+        default: return load_f(static_cast<const bfloat16*>(p) + i);
+    }
+}
+
+// Two floats (exact values of the 16-bit type T) as a packed pair, element 0 in the low half.
+template <class T>
+__device__ __forceinline__ unsigned pack16x2(float x0, float x1) {
+    unsigned r;
+    if constexpr (std::is_same_v<T, bfloat16>) {
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(x1), "f"(x0));
+    } else {
+        const __half2 h = __floats2half2_rn(x0, x1);
+        r = *reinterpret_cast<const unsigned*>(&h);
+    }
+    return r;
+}
+
+template <class T>
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint4& a, unsigned b0, unsigned b1) {
+    if constexpr (std::is_same_v<T, bfloat16>) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+    } else {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+    }
+}
+
+__device__ __forceinline__ void ldsm4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, const void* p) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(s));
+}
+
+// 2^x on the special-function unit (ex2.approx.ftz: relative error below 2^-22, 2^-inf = 0).
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// NaN or Inf in either half of a packed 16-bit pair (exponent field all ones).
+template <class T>
+__device__ __forceinline__ bool pair_nonfinite(unsigned w) {
+    constexpr unsigned e = std::is_same_v<T, bfloat16> ? 0x7f80u : 0x7c00u;
+    return (w & e) == e || ((w >> 16) & e) == e;
+}
+
+// (max, sum) pairs in the log2 domain merged: the sum rescaled to the larger max.
+__device__ __forceinline__ void merge_ml(float& m, float& l, float m2, float l2) {
+    const float M = fmaxf(m, m2);
+    if (M == -INFINITY) return;
+    l = (m == -INFINITY ? 0.0f : l * exp2f(m - M)) + (m2 == -INFINITY ? 0.0f : l2 * exp2f(m2 - M));
+    m = M;
+}
+
+// ---- packing: q's probe rows into A fragments (tensor cores) or fp32 rows (CUDA cores) ------------------
+
+// One thread per (KV head, chunk, k-step, lane): the four 32-bit A registers of m16n8k16 for rows
+// gq and gq + 8 of the chunk, columns 16 ks + 2 tq + {0, 1} and + 8. Dims past d and padding rows are 0.
+template <class T, int D>
+__global__ void probe_pack_mma_kernel(const ProbeArgs a) {
+    constexpr int KS = D / 16;
+    const std::int64_t chunks = static_cast<std::int64_t>(a.qpk) * a.npc;
+    const std::int64_t total = static_cast<std::int64_t>(a.Hkv) * chunks * KS * 32;
+    const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    const int lane = static_cast<int>(i % 32), ks = static_cast<int>((i / 32) % KS);
+    const std::int64_t ch = (i / (32 * KS)) % chunks;
+    const int g = static_cast<int>(i / (32 * KS * chunks));
+    const int hl = static_cast<int>(ch / a.npc), c = static_cast<int>(ch % a.npc);
+    const int h = g * a.qpk + hl;
+    const int gq = lane >> 2, tq = lane & 3;
+    bool bad = false;
+    auto val = [&](int r, int col) -> float {
+        const int pr = c * 16 + r;
+        const int p = pr < a.n_probes ? a.pos[pr] : -1;
+        if (p < 0 || col >= a.d) return 0.0f;
+        const float x = ld_elem(a.q, a.q_type, p * a.q_s0 + h * a.q_s1 + col * a.q_s2);
+        bad |= !isfinite(x);
+        return x;
+    };
+    const int c0 = 16 * ks + 2 * tq;
+    uint4 f;
+    f.x = pack16x2<T>(val(gq, c0), val(gq, c0 + 1));
+    f.y = pack16x2<T>(val(gq + 8, c0), val(gq + 8, c0 + 1));
+    f.z = pack16x2<T>(val(gq, c0 + 8), val(gq, c0 + 9));
+    f.w = pack16x2<T>(val(gq + 8, c0 + 8), val(gq + 8, c0 + 9));
+    const_cast<uint4*>(a.qpack)[i] = f;
+    if (bad && a.status) atomicOr(a.status, kInputNonFinite);
+}
+
+// One thread per element of the fp32 probe rows [H_kv][qpk * npc * 16][d].
+template <int Unused = 0>
+__global__ void probe_pack_simt_kernel(const ProbeArgs a) {
+    const std::int64_t rows = static_cast<std::int64_t>(a.qpk) * a.npc * 16;
+    const std::int64_t total = static_cast<std::int64_t>(a.Hkv) * rows * a.d;
+    const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    const int col = static_cast<int>(i % a.d);
+    const std::int64_t r = (i / a.d) % rows;
+    const int g = static_cast<int>(i / (a.d * rows));
+    const int hl = static_cast<int>(r / (a.npc * 16)), pr = static_cast<int>(r % (a.npc * 16));
+    const int p = pr < a.n_probes ? a.pos[pr] : -1;
+    const int h = g * a.qpk + hl;
+    const float x = p < 0 ? 0.0f : ld_elem(a.q, a.q_type, p * a.q_s0 + h * a.q_s1 + col * a.q_s2);
+    const_cast<float*>(a.qrows)[i] = x;
+    if (!isfinite(x) && a.status) atomicOr(a.status, kInputNonFinite);
+}
+
+// ---- both passes on the tensor cores: one kernel, K stationary, probe rows streamed --------------------
+
+// Shared memory of one pipeline stage: a chunk's A fragments (D / 16 k-steps x 32 lanes x 16 B), then
+// its 16 rows' lse (pass 2) and positions.
+template <int D>
+constexpr int probe_stage_bytes() {
+    return (D / 16) * 32 * 16 + 16 * 4 + 16 * 4;
+}
+inline constexpr int kProbeStages = 8;  // chunks in flight: an iteration is short, L2 latency is not
+
+template <class T, int D>
+constexpr std::size_t probe_cols_smem_bytes() {
+    // stages, plus pass 1's per-warp row statistics of two chunks [2][4 warps][16 rows] (max, sum)
+    return static_cast<std::size_t>(kProbeStages) * probe_stage_bytes<D>() + 2 * 4 * 16 * 8;
+}
+
+// Grid: (ceil(n / 128), H_kv, rsplit), 128 threads. Block x owns keys 128 x .. 128 x + 127 of KV head y
+// (and of the chunks t = z, z + rsplit, ... of its active ones, z = blockIdx.z); warp w
+// keys 128 x + 32 w .. + 31, held as B fragments (four n-tiles of 8) for the whole block. The block
+// streams every 16-row chunk of probe rows that can see one of its keys (chunks whose last probe is at
+// or after the block's first key: per head a suffix of its chunks) through a cp.async pipeline and
+// computes that chunk's 16 x 128 scores with mma.sync.
+//   Pass1: per row, (max, sum) of 2^(c s) over the block's visible keys -> part[(g, row), block].
+//   else:  per key, the sum over the rows of 2^(c s - lse[row])       -> col[g, key].
+// Every sum runs in a fixed order (rows in chunk order, lanes and warps by fixed trees).
+template <class T, int D, bool Pass1>
+__global__ void __launch_bounds__(kProbeThreads) probe_cols_mma_kernel(const __grid_constant__ ProbeArgs a) {
+    constexpr int KS = D / 16, NT = 4, ST = kProbeStages, SB = probe_stage_bytes<D>();
+    static_assert(D == 64 || D == 128, "tensor-core probe scores take head dims padded to 64 or 128");
+    extern __shared__ __align__(16) unsigned char smem[];
+    float2* wst = reinterpret_cast<float2*>(smem + ST * SB);  // [2][4][16]
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int gq = lane >> 2, tq = lane & 3;
+    const int g = blockIdx.y;
+    const int col0 = blockIdx.x * kProbeColTile;
+    const int key0 = col0 + 32 * warp;
+    const int chunks = a.qpk * a.npc;
+    const std::int64_t rows = static_cast<std::int64_t>(chunks) * 16;
+    const int ncb = (a.n + kProbeColTile - 1) / kProbeColTile;
+
+    // This warp's keys as B fragments: n-tile nt, k-step ks -> key key0 + 8 nt + gq, dims 16 ks + 2 tq
+    // (+ 1, + 8, + 9). Pass 1 reads every element of K exactly once: it checks them.
+    unsigned kf[NT][KS][2];
+    bool bad = false;
+    if (a.k_pairs) {
+        // Pairs of K's own 16-bit type read as 32-bit words (bit copies; k_pairs: T is K's type, unit
+        // inner stride, 4-byte aligned pairs). Dims past d read zero.
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const int key = key0 + 8 * nt + gq;
+            const bool kok = key < a.n;
+            const unsigned* row = reinterpret_cast<const unsigned*>(static_cast<const T*>(a.k) +
+                                                                    (kok ? static_cast<std::int64_t>(key) * a.k_s0 + static_cast<std::int64_t>(g) * a.k_s1 : 0));
+#pragma unroll
+            for (int ks = 0; ks < KS; ++ks) {
+                const int c0 = 16 * ks + 2 * tq;
+                const unsigned w0 = kok && c0 < a.d ? __ldg(row + c0 / 2) : 0u;
+                const unsigned w1 = kok && c0 + 8 < a.d ? __ldg(row + c0 / 2 + 4) : 0u;
+                if (Pass1) bad |= pair_nonfinite<T>(w0) || pair_nonfinite<T>(w1);
+                kf[nt][ks][0] = w0;
+                kf[nt][ks][1] = w1;
+            }
+        }
+    } else {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const int key = key0 + 8 * nt + gq;
+            const bool kok = key < a.n;
+            const std::int64_t base = static_cast<std::int64_t>(key) * a.k_s0 + static_cast<std::int64_t>(g) * a.k_s1;
+#pragma unroll
+            for (int ks = 0; ks < KS; ++ks) {
+                float x[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int cc = 16 * ks + 2 * tq + (e & 1) + 8 * (e >> 1);
+                    x[e] = kok && cc < a.d ? ld_elem(a.k, a.k_type, base + cc * a.k_s2) : 0.0f;
+                    if (Pass1) bad |= !isfinite(x[e]);
+                }
+                kf[nt][ks][0] = pack16x2<T>(x[0], x[1]);
+                kf[nt][ks][1] = pack16x2<T>(x[2], x[3]);
+            }
+        }
+    }
+    if (Pass1 && bad && a.status) atomicOr(a.status, kInputNonFinite);
+
+    // Active chunks: per head those whose last probe is at or after col0.
+    int first;
+    {
+        int lo = 0, hi = a.npc;
+        while (lo < hi) {
+            const int mid = (lo + hi) / 2;
+            if (a.cmax[mid] >= col0) hi = mid;
+            else lo = mid + 1;
+        }
+        first = lo;
+    }
+    const int per_head = a.npc - first;
+    const int z = blockIdx.z, R = a.rsplit;
+    const int n_active = per_head * a.qpk;
+    const int n_mine = n_active > z ? (n_active - z + R - 1) / R : 0;  // this block's: t = z + i R
+    auto chunk_of = [&](int i) {
+        const int t = z + i * R;
+        return (t / per_head) * a.npc + first + t % per_head;
+    };
+
+    auto issue = [&](int i) {
+        if (i < n_mine) {
+            const int ch = chunk_of(i);
+            unsigned char* dst = smem + (i % ST) * SB;
+            const uint4* src = a.qpack + (static_cast<std::int64_t>(g) * chunks + ch) * KS * 32;
+            for (int i = tid; i < KS * 32; i += kProbeThreads) copy16_async(dst + i * 16, src + i);
+            if (!Pass1 && tid < 4) copy16_async(dst + KS * 512 + tid * 16, a.lse + g * rows + ch * 16 + tid * 4);
+            else if (tid >= 4 && tid < 8) copy16_async(dst + KS * 512 + 64 + (tid - 4) * 16, a.pos + (ch % a.npc) * 16 + (tid - 4) * 4);
+        }
+        copy_commit();
+    };
+#pragma unroll
+    for (int s = 0; s < ST - 1; ++s) issue(s);
+
+    // Pass 1: chunk t - 1's four per-warp statistics merged (fixed warp order) and written.
+    auto flush_stats = [&](int t) {
+        if (tid < 16) {
+            const float2* w = wst + (t & 1) * 64;
+            float m = -INFINITY, l = 0.0f;
+#pragma unroll
+            for (int v = 0; v < 4; ++v) merge_ml(m, l, w[v * 16 + tid].x, w[v * 16 + tid].y);
+            const std::int64_t row = static_cast<std::int64_t>(g) * rows + chunk_of(t) * 16 + tid;
+            a.part[row * ncb + blockIdx.x] = make_float2(m, l);
+        }
+    };
+
+    float acc[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = 0.0f;
+    for (int t = 0; t < n_mine; ++t) {
+        copy_wait<ST - 2>();
+        __syncthreads();
+        issue(t + ST - 1);
+        if (Pass1 && t > 0) flush_stats(t - 1);
+        const unsigned char* cs = smem + (t % ST) * SB;
+        const uint4* af = reinterpret_cast<const uint4*>(cs);
+        const float* lse = reinterpret_cast<const float*>(cs + KS * 512);
+        const std::int32_t* pos = reinterpret_cast<const std::int32_t*>(cs + KS * 512 + 64);
+        const int p_lo = pos[gq], p_hi = pos[gq + 8];
+        // (warp-uniform: the mma below needs every lane)
+        const bool any = __any_sync(0xffffffffu, max(p_lo, p_hi) >= key0);
+        float s[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+        if (any) {
+#pragma unroll
+            for (int ks = 0; ks < KS; ++ks) {
+                const uint4 f = af[ks * 32 + lane];
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) mma16816<T>(s[nt], f, kf[nt][ks][0], kf[nt][ks][1]);
+            }
+        }
+        // Rows of this chunk that see every key of this warp need no mask (the common case).
+        const bool full = __all_sync(0xffffffffu, min(p_lo, p_hi) >= key0 + 31);
+        if constexpr (Pass1) {
+            float mlo = -INFINITY, mhi = -INFINITY;
+            if (full) {
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        s[nt][e] *= a.scale_log2;
+                        s[nt][2 + e] *= a.scale_log2;
+                        mlo = fmaxf(mlo, s[nt][e]);
+                        mhi = fmaxf(mhi, s[nt][2 + e]);
+                    }
+            } else {
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int key = key0 + 8 * nt + 2 * tq + e;
+                        s[nt][e] = any && key <= p_lo ? s[nt][e] * a.scale_log2 : -INFINITY;
+                        s[nt][2 + e] = any && key <= p_hi ? s[nt][2 + e] * a.scale_log2 : -INFINITY;
+                        mlo = fmaxf(mlo, s[nt][e]);
+                        mhi = fmaxf(mhi, s[nt][2 + e]);
+                    }
+            }
+            mlo = fmaxf(mlo, __shfl_xor_sync(0xffffffffu, mlo, 1));
+            mlo = fmaxf(mlo, __shfl_xor_sync(0xffffffffu, mlo, 2));
+            mhi = fmaxf(mhi, __shfl_xor_sync(0xffffffffu, mhi, 1));
+            mhi = fmaxf(mhi, __shfl_xor_sync(0xffffffffu, mhi, 2));
+            // (a row that sees none of these keys: max -inf; its terms 2^(-inf - -inf) are skipped)
+            const float olo = mlo == -INFINITY ? 0.0f : mlo, ohi = mhi == -INFINITY ? 0.0f : mhi;
+            float llo = 0.0f, lhi = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    llo += fast_exp2(s[nt][e] - olo);
+                    lhi += fast_exp2(s[nt][2 + e] - ohi);
+                }
+            llo += __shfl_xor_sync(0xffffffffu, llo, 1);
+            llo += __shfl_xor_sync(0xffffffffu, llo, 2);
+            lhi += __shfl_xor_sync(0xffffffffu, lhi, 1);
+            lhi += __shfl_xor_sync(0xffffffffu, lhi, 2);
+            if (tq == 0) {
+                float2* w = wst + (t & 1) * 64 + warp * 16;
+                w[gq] = make_float2(mlo, llo);
+                w[gq + 8] = make_float2(mhi, lhi);
+            }
+        } else if (any) {
+            const float lse_lo = lse[gq], lse_hi = lse[gq + 8];
+            if (full) {
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e)
+                        acc[nt][e] += fast_exp2(fmaf(s[nt][e], a.scale_log2, -lse_lo)) +
+                                      fast_exp2(fmaf(s[nt][2 + e], a.scale_log2, -lse_hi));
+            } else {
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int key = key0 + 8 * nt + 2 * tq + e;
+                        const float w_lo = key <= p_lo ? fast_exp2(fmaf(s[nt][e], a.scale_log2, -lse_lo)) : 0.0f;
+                        const float w_hi = key <= p_hi ? fast_exp2(fmaf(s[nt][2 + e], a.scale_log2, -lse_hi)) : 0.0f;
+                        acc[nt][e] += w_lo + w_hi;
+                    }
+            }
+        }
+    }
+    copy_wait<0>();
+    if constexpr (Pass1) {
+        __syncthreads();
+        if (n_mine > 0) flush_stats(n_mine - 1);
+    } else {
+        // Sum over the 8 row groups (lanes with the same tq), then lanes 0..3 write their 8 keys.
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float v = acc[nt][e];
+                v += __shfl_xor_sync(0xffffffffu, v, 4);
+                v += __shfl_xor_sync(0xffffffffu, v, 8);
+                v += __shfl_xor_sync(0xffffffffu, v, 16);
+                acc[nt][e] = v;
+            }
+        if (gq == 0) {
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int key = key0 + 8 * nt + 2 * tq + e;
+                    if (key < a.n) a.col[(static_cast<std::int64_t>(z) * a.Hkv + g) * a.n + key] = acc[nt][e];
+                }
+        }
+    }
+}
+
+// ---- pass 1 on the CUDA cores: one warp per probe row, all its keys -----------------------------------
+
+template <int Unused = 0>
+__global__ void __launch_bounds__(kProbeThreads) probe_pass1_simt_kernel(const ProbeArgs a) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    float* qs = reinterpret_cast<float*>(smem);  // [4 warps][d]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const std::int64_t rows = static_cast<std::int64_t>(a.qpk) * a.npc * 16;
+    const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * 4 + warp;
+    if (row >= rows * a.Hkv) return;  // whole warps only: no block barrier below
+    const int g = static_cast<int>(row / rows);
+    const int pr = static_cast<int>((row % rows) % (a.npc * 16));
+    const int p = pr < a.n_probes ? a.pos[pr] : -1;
+    float* q = qs + warp * a.d;
+    for (int c = lane; c < a.d; c += 32) q[c] = a.qrows[row * a.d + c];
+    __syncwarp();
+    float m = -INFINITY, l = 0.0f;
+    for (int j = lane; j <= p; j += 32) {
+        float s = 0.0f;
+        for (int c = 0; c < a.d; ++c) s = fmaf(q[c], ld_elem(a.k, a.k_type, j * a.k_s0 + g * a.k_s1 + c * a.k_s2), s);
+        merge_ml(m, l, s * a.scale_log2, 1.0f);
+    }
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1)
+        merge_ml(m, l, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, l, o));
+    if (lane == 0) a.lse[row] = m == -INFINITY ? 0.0f : m + log2f(l);
+}
+
+// Pass 1's (max, sum) per 128-key block -> lse per row, one warp per row: row r of a head sees blocks
+// 0 .. p_r / 128, all written by probe_cols_mma_kernel<.., true>. Padding rows (no key) get 0. The
+// lanes merge strided blocks, then a fixed butterfly merges the lanes.
+template <int Unused = 0>
+__global__ void probe_lse_kernel(const ProbeArgs a) {
+    const std::int64_t rows = static_cast<std::int64_t>(a.qpk) * a.npc * 16;
+    const int lane = threadIdx.x & 31;
+    const std::int64_t r = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+    if (r >= rows * a.Hkv) return;  // whole warps
+    const int pr = static_cast<int>((r % rows) % (a.npc * 16));
+    const int p = pr < a.n_probes ? a.pos[pr] : -1;
+    const int ncb = (a.n + kProbeColTile - 1) / kProbeColTile;
+    const int nb = p >= 0 ? p / kProbeColTile + 1 : 0;
+    float m = -INFINITY, l = 0.0f;
+    for (int b = lane; b < nb; b += 32) {
+        const float2 x = a.part[r * ncb + b];
+        merge_ml(m, l, x.x, x.y);
+    }
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1)
+        merge_ml(m, l, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, l, o));
+    if (lane == 0) a.lse[r] = m == -INFINITY ? 0.0f : m + log2f(l);
+}
+
+// ---- pass 2 on the CUDA cores: one thread per key -----------------------------------------------------
+
+// Grid: (ceil(n / 64), H_kv), 64 threads. Shared: the block's keys [64][d + 1] and one probe row [d].
+template <int Unused = 0>
+__global__ void __launch_bounds__(kProbeSimtCols) probe_pass2_simt_kernel(const ProbeArgs a) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int d = a.d, ld = a.d + 1;
+    float* ks = reinterpret_cast<float*>(smem);  // [64][d + 1]
+    float* qs = ks + kProbeSimtCols * ld;        // [d]
+    const int tid = threadIdx.x, g = blockIdx.y;
+    const int col0 = blockIdx.x * kProbeSimtCols;
+    const int key = col0 + tid;
+    for (int i = tid; i < kProbeSimtCols * d; i += kProbeSimtCols) {
+        const int r = i / d, c = i % d;
+        const int kk = col0 + r;
+        const float x = kk < a.n ? ld_elem(a.k, a.k_type, kk * a.k_s0 + g * a.k_s1 + c * a.k_s2) : 0.0f;
+        ks[r * ld + c] = x;
+        if (!isfinite(x) && a.status) atomicOr(a.status, kInputNonFinite);
+    }
+    const std::int64_t rows = static_cast<std::int64_t>(a.qpk) * a.npc * 16;
+    float acc = 0.0f;
+    for (std::int64_t r = 0; r < rows; ++r) {
+        const int pr = static_cast<int>(r % (a.npc * 16));
+        const int p = pr < a.n_probes ? a.pos[pr] : -1;
+        if (p < col0) continue;  // uniform over the block
+        __syncthreads();
+        for (int c = tid; c < d; c += kProbeSimtCols) qs[c] = a.qrows[(g * rows + r) * d + c];
+        __syncthreads();
+        if (key <= p) {
+            float s = 0.0f;
+            for (int c = 0; c < d; ++c) s = fmaf(qs[c], ks[tid * ld + c], s);
+            acc += exp2f(fmaf(s, a.scale_log2, -a.lse[g * rows + r]));
+        }
+    }
+    if (key < a.n) a.col[static_cast<std::int64_t>(g) * a.n + key] = acc;
+}
+
+}  // namespace vlsparse::cuda::detail

@@ -1,0 +1,462 @@
+// vlsparse/cuda/selection/select.cuh -- deterministic selection on the GPU: the reusable routines every
+// policy's selection ends in (namespace vlsparse::cuda::detail), and ZipVL's last step built from them.
+//
+//   block_count_for_mass: p = min { p : sum of the p largest scores >= target }   (ZipVL Eq. 7)
+//   block_topk_threshold: the k-th largest score v and how many scores equal to v are taken, so that
+//                         "score > v, or score == v among the first `need` positions" is the top-k in
+//                         the library's one ranking order (score descending, position ascending)
+//   block_compact:        the kept positions, ascending, as one list
+//
+// All three run in one thread block over one score vector (one group, one sequence), by radix
+// selection over the bits of non-negative fp32 scores (whose bit patterns order like the values):
+// four passes of 8-bit digits, each a shared-memory histogram. Masses are summed in 64-bit fixed point
+// (integer additions are associative, so the result does not depend on the order in which threads
+// add), counts in integers: the same input gives the same output on every run. Each thread folds runs
+// of equal digits before touching shared memory, so the first passes, where nearly every score shares
+// the exponent byte, do not serialize on one counter.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "vlsparse/cuda/common.cuh"
+
+namespace vlsparse::cuda::detail {
+
+inline constexpr int kSelectThreads = 1024;
+
+inline constexpr int kSelectWarps = kSelectThreads / 32;
+static_assert(kSelectThreads == 1024, "radix_hist merges with four threads per bin");
+
+// Per-warp histograms (dynamic shared memory, select_smem_bytes()): a warp's lanes add to their own
+// warp's bins, so the passes where nearly every score falls in one bin contend 32-way, not 1024-way.
+struct RadixWarpHist {
+    unsigned cnt[kSelectWarps][256];
+    unsigned long long mass[kSelectWarps][256];
+};
+// Scores up to this many per group are also kept in shared memory (after the histograms) while they
+// are ranked: the passes then read shared memory instead of L2.
+inline constexpr int kSelectCacheMax = 32000;
+constexpr std::size_t select_smem_bytes(int cached) {
+    return sizeof(RadixWarpHist) + static_cast<std::size_t>(cached) * sizeof(float);
+}
+
+struct RadixShared {
+    RadixWarpHist* wh;  // the per-warp histograms
+    unsigned cnt[256];  // merged over the warps
+    unsigned long long mass[256];
+    unsigned prefix, mask;
+    unsigned above_cnt;
+    unsigned long long above_mass;
+    int found;  // 1 while the crossing bin has been found in every pass so far
+    int bin;    // the bin chosen by the last pass
+    int scan_total;
+    int warp_tot[kSelectThreads / 32];
+};
+
+// Score j of the vector as an order-preserving 32-bit key (scores are finite and >= 0; -0 -> 0).
+__device__ __forceinline__ unsigned score_key(float x) { return x > 0.0f ? __float_as_uint(x) : 0u; }
+
+// Fixed-point mass of a score.
+__device__ __forceinline__ unsigned long long fixed_mass(float x, double F) {
+    return x > 0.0f ? static_cast<unsigned long long>(static_cast<double>(x) * F + 0.5) : 0ull;
+}
+
+// Histogram pass: digit (key >> shift) & 255 of every key matching sh.prefix under sh.mask, into
+// sh.cnt / sh.mass (merged from the per-warp histograms in warp order: integers, so exact anyway).
+template <bool Mass, class Score>
+__device__ void radix_hist(RadixShared& sh, const Score& score, int n, int shift, double F) {
+    const int warp = threadIdx.x >> 5;
+    for (int i = threadIdx.x; i < kSelectWarps * 256; i += blockDim.x) {
+        (&sh.wh->cnt[0][0])[i] = 0;
+        if (Mass) (&sh.wh->mass[0][0])[i] = 0;
+    }
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) {
+        sh.cnt[b] = 0;
+        sh.mass[b] = 0;
+    }
+    __syncthreads();
+    unsigned* wc = sh.wh->cnt[warp];
+    unsigned long long* wm = sh.wh->mass[warp];
+    const unsigned prefix = sh.prefix, mask = sh.mask;
+    int cur = -1;
+    unsigned c = 0;
+    unsigned long long m = 0;
+    // Four loads in flight per thread before any of them is used (the loop is latency-bound otherwise);
+    // runs of equal digits are folded in registers before they touch shared memory.
+    constexpr int U = 4;
+    const int step = static_cast<int>(blockDim.x);
+    for (int j0 = threadIdx.x; j0 < n; j0 += U * step) {
+        float xs[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) xs[u] = j0 + u * step < n ? score(j0 + u * step) : -1.0f;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (xs[u] < 0.0f) continue;  // past the end (scores are >= 0)
+            const unsigned key = score_key(xs[u]);
+            if ((key & mask) != prefix) continue;
+            const int dg = static_cast<int>((key >> shift) & 255u);
+            if (dg != cur) {
+                if (cur >= 0) {
+                    atomicAdd(&wc[cur], c);
+                    if (Mass) atomicAdd(&wm[cur], m);
+                }
+                cur = dg;
+                c = 0;
+                m = 0;
+            }
+            ++c;
+            if (Mass) m += fixed_mass(xs[u], F);
+        }
+    }
+    if (cur >= 0) {
+        atomicAdd(&wc[cur], c);
+        if (Mass) atomicAdd(&wm[cur], m);
+    }
+    __syncthreads();
+    // Merge: four threads per bin, eight warps each (integer sums: the order does not matter).
+    {
+        constexpr int per = kSelectWarps / 4;
+        const int b = threadIdx.x & 255, part = threadIdx.x >> 8;
+        unsigned tc = 0;
+        unsigned long long tm = 0;
+        for (int w = part * per; w < part * per + per; ++w) {
+            tc += sh.wh->cnt[w][b];
+            if (Mass) tm += sh.wh->mass[w][b];
+        }
+        if (tc) atomicAdd(&sh.cnt[b], tc);
+        if (Mass && tm) atomicAdd(&sh.mass[b], tm);
+    }
+    __syncthreads();
+}
+
+// One warp picks the bin where the running total (from the highest bin down, starting at what lies
+// above the current prefix) first reaches the target: mass >= target (Mass) or count >= k. Lane L owns
+// bins 255 - 8 L .. 248 - 8 L; a warp scan finds the lane, that lane its bin. Updates prefix, mask, the
+// totals above the chosen bin and `bin`; clears `found` when no bin reaches the target (mass only).
+template <bool Mass>
+__device__ void pick_bin(RadixShared& sh, double target, unsigned k, int shift) {
+    const int lane = threadIdx.x & 31;
+    unsigned c = 0;
+    unsigned long long m = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int b = 255 - 8 * lane - i;
+        c += sh.cnt[b];
+        if (Mass) m += sh.mass[b];
+    }
+    unsigned ci = c;
+    unsigned long long mi = m;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const unsigned cy = __shfl_up_sync(0xffffffffu, ci, o);
+        const unsigned long long my = __shfl_up_sync(0xffffffffu, mi, o);
+        if (lane >= o) {
+            ci += cy;
+            mi += my;
+        }
+    }
+    const unsigned above_c = sh.above_cnt;
+    const unsigned long long above_m = sh.above_mass;
+    const bool reach = Mass ? static_cast<double>(above_m + mi) >= target : above_c + ci >= k;
+    const unsigned hit = __ballot_sync(0xffffffffu, reach);
+    if (hit == 0) {
+        if (lane == 0) sh.found = 0;  // (count: cannot happen for 1 <= k <= matching count)
+        return;
+    }
+    if (lane == __ffs(hit) - 1) {
+        unsigned cum_c = above_c + ci - c;
+        unsigned long long cum_m = above_m + mi - m;
+        int chosen = 255 - 8 * lane - 7;
+        for (int i = 0; i < 8; ++i) {
+            const int b = 255 - 8 * lane - i;
+            const bool here = Mass ? static_cast<double>(cum_m + sh.mass[b]) >= target : cum_c + sh.cnt[b] >= k;
+            if (here) {
+                chosen = b;
+                break;
+            }
+            cum_c += sh.cnt[b];
+            if (Mass) cum_m += sh.mass[b];
+        }
+        sh.prefix |= static_cast<unsigned>(chosen) << shift;
+        sh.mask |= 255u << shift;
+        sh.above_cnt = cum_c;
+        sh.above_mass = cum_m;
+        sh.bin = chosen;
+    }
+}
+
+// ZipVL Eq. 7: p = min { p : sum of the p largest scores >= target_mass } over score(0 .. n-1), with
+// F the fixed-point scale (target_mass in the same units: tau * total * F). n when never reached.
+template <class Score>
+__device__ int block_count_for_mass(RadixShared& sh, const Score& score, int n, double target, double F) {
+    if (threadIdx.x == 0) {
+        sh.prefix = 0;
+        sh.mask = 0;
+        sh.above_cnt = 0;
+        sh.above_mass = 0;
+        sh.found = 1;
+    }
+    __syncthreads();
+    int last_bin = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        radix_hist<true>(sh, score, n, shift, F);
+        if (threadIdx.x < 32) pick_bin<true>(sh, target, 0, shift);
+        __syncthreads();
+        if (!sh.found) return n;
+        last_bin = sh.bin;
+    }
+    // Every score equal to v = prefix adds the same mass m; take as many as the target needs.
+    const unsigned eq = sh.cnt[last_bin];
+    const double m = static_cast<double>(fixed_mass(__uint_as_float(sh.prefix), F));
+    const double rem = target - static_cast<double>(sh.above_mass);
+    double t = m > 0.0 ? ceil(rem / m) : 1.0;
+    t = fmin(fmax(t, 1.0), static_cast<double>(eq));
+    // (ceil of a rounded quotient: check the neighbours exactly)
+    long long ti = static_cast<long long>(t);
+    while (ti > 1 && static_cast<double>(sh.above_mass + static_cast<unsigned long long>(ti - 1) * static_cast<unsigned long long>(m)) >= target) --ti;
+    while (ti < static_cast<long long>(eq) && static_cast<double>(sh.above_mass + static_cast<unsigned long long>(ti) * static_cast<unsigned long long>(m)) < target) ++ti;
+    const int p = static_cast<int>(sh.above_cnt + static_cast<unsigned>(ti));
+    __syncthreads();
+    return p;
+}
+
+// The k-th largest key (1 <= k <= n), `need`, the number of scores equal to it that the top-k takes,
+// and `eq_count`, how many scores equal it.
+template <class Score>
+__device__ void block_topk_threshold(RadixShared& sh, const Score& score, int n, int k, unsigned& vkey, int& need,
+                                     int& eq_count) {
+    if (threadIdx.x == 0) {
+        sh.prefix = 0;
+        sh.mask = 0;
+        sh.above_cnt = 0;
+    }
+    __syncthreads();
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        radix_hist<false>(sh, score, n, shift, 1.0);
+        if (threadIdx.x < 32) pick_bin<false>(sh, 0.0, static_cast<unsigned>(k), shift);
+        __syncthreads();
+    }
+    vkey = sh.prefix;
+    need = k - static_cast<int>(sh.above_cnt);
+    eq_count = static_cast<int>(sh.cnt[sh.bin]);  // the last pass's bin holds exactly the keys equal to vkey
+    __syncthreads();
+}
+
+// Exclusive block-wide prefix sum of x (blockDim.x a multiple of 32, at most kSelectThreads); total
+// over the block in `total`. Warps scan with shuffles, warp 0 scans the warp totals.
+__device__ __forceinline__ int block_exclusive_scan(RadixShared& sh, int x, int& total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int v = x;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += y;
+    }
+    if (lane == 31) sh.warp_tot[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        const int t = lane < nw ? sh.warp_tot[lane] : 0;
+        int u = t;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, u, o);
+            if (lane >= o) u += y;
+        }
+        sh.warp_tot[lane] = u - t;                                   // exclusive prefix of warp `lane`
+        if (lane == 31) sh.scan_total = u;
+    }
+    __syncthreads();
+    const int before = sh.warp_tot[warp];
+    total = sh.scan_total;
+    __syncthreads();  // (warp_tot is rewritten by the next scan)
+    return before + v - x;
+}
+
+// Kept positions in ascending order into out[0 .. count): position j is kept when keep(j, tie, rank)
+// is true, where tie(j) marks the scores equal to the threshold and rank is the number of positions
+// before j with tie true. `ranked`: whether keep uses rank at all (one scan per tile instead of two
+// when it does not). Each thread takes kItems consecutive positions of a tile. Returns the count.
+inline constexpr int kCompactItems = 4;
+template <class Tie, class Keep>
+__device__ int block_compact(RadixShared& sh, int n, bool ranked, const Tie& tie, const Keep& keep, std::int32_t* out) {
+    constexpr int I = kCompactItems;
+    int carry_tie = 0, carry_out = 0;
+    const int span = static_cast<int>(blockDim.x) * I;
+    for (int base = 0; base < n; base += span) {
+        const int j0 = base + static_cast<int>(threadIdx.x) * I;
+        bool t[I];
+        int nt = 0;
+#pragma unroll
+        for (int i = 0; i < I; ++i) {
+            t[i] = ranked && j0 + i < n && tie(j0 + i);
+            nt += t[i] ? 1 : 0;
+        }
+        int tot_tie = 0;
+        int rank = carry_tie;
+        if (ranked) rank += block_exclusive_scan(sh, nt, tot_tie);
+        bool k[I];
+        int nk = 0;
+#pragma unroll
+        for (int i = 0; i < I; ++i) {
+            k[i] = j0 + i < n && keep(j0 + i, t[i], rank);
+            rank += t[i] ? 1 : 0;
+            nk += k[i] ? 1 : 0;
+        }
+        int tot_out = 0;
+        int at = carry_out + block_exclusive_scan(sh, nk, tot_out);
+#pragma unroll
+        for (int i = 0; i < I; ++i)
+            if (k[i]) out[at++] = j0 + i;
+        carry_tie += tot_tie;
+        carry_out += tot_out;
+    }
+    return carry_out;
+}
+
+// ---- ZipVL: scores, p, top-k and forced keeps for one group per block ------------------------------------
+
+struct ZipVLFinishArgs {
+    const float* col = nullptr;          // [H_kv][n] probe column sums per KV head
+    int n = 0, Hkv = 1, G = 1;           // G = 1 (layer) or H_kv (per KV head)
+    int heads_per_group = 1;
+    bool probe_rows_nnz = false;         // nnz_j = heads_per_group * #{p >= j} (else n - j)
+    const std::int32_t* probes = nullptr;  // [n_probes] ascending
+    int n_probes = 0;
+    double tau = 1.0, total = 1.0;       // Eq. 7: target tau * total, total = heads_per_group * n_probes
+    int keep_last = 0;
+    const std::uint8_t* text = nullptr;  // [n] 1 = text token (keep_text), or null
+    int rsplit = 1;                      // col holds [rsplit][H_kv][n] partial sums (summed here, in order)
+    int cached = 0;                      // n when the scores fit kSelectCacheMax (dynamic shared memory), else 0
+    std::int32_t* indptr = nullptr;      // G == 1: lists is the final list, indptr {0, count} written here
+    float* accumulated = nullptr;        // [G][n]
+    float* normalized = nullptr;         // [G][n]
+    std::int32_t* lists = nullptr;       // [G][n] scratch: group g's kept list at g * n
+    int* p = nullptr;                    // [G]
+    int* count = nullptr;                // [G]
+    int* status = nullptr;               // bit 0: a non-finite score
+};
+
+// Accumulated and normalized scores of every group (grid-stride over G x n): the KV heads' and the
+// splits' column sums added in a fixed order, then a~_j = a_j / nnz_j.
+template <int Unused = 0>
+__global__ void zipvl_scores_kernel(const __grid_constant__ ZipVLFinishArgs f) {
+    const int n = f.n;
+    const std::int64_t total = static_cast<std::int64_t>(f.G) * n;
+    bool bad = false;
+    for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+        const int g = static_cast<int>(i / n), j = static_cast<int>(i % n);
+        float a = 0.0f;
+        for (int z = 0; z < f.rsplit; ++z) {
+            const float* cz = f.col + static_cast<std::int64_t>(z) * f.Hkv * n + j;
+            if (f.G == 1) {
+                for (int h = 0; h < f.Hkv; ++h) a += cz[static_cast<std::int64_t>(h) * n];
+            } else {
+                a += cz[static_cast<std::int64_t>(g) * n];
+            }
+        }
+        bad |= !isfinite(a) || a < 0.0f;
+        float nnz;
+        if (f.probe_rows_nnz) {
+            int lo = 0, hi = f.n_probes;  // first probe >= j
+            while (lo < hi) {
+                const int mid = (lo + hi) / 2;
+                if (f.probes[mid] >= j) hi = mid;
+                else lo = mid + 1;
+            }
+            nnz = static_cast<float>(f.heads_per_group) * static_cast<float>(f.n_probes - lo);
+        } else {
+            nnz = static_cast<float>(n - j);
+        }
+        f.accumulated[i] = a;
+        f.normalized[i] = nnz > 0.0f ? a / nnz : 0.0f;
+    }
+    if (bad) atomicOr(f.status, 1);
+}
+
+// p, top-k and the kept list of one group per block (after zipvl_scores_kernel).
+template <int Unused = 0>
+__global__ void __launch_bounds__(kSelectThreads) zipvl_finish_kernel(const __grid_constant__ ZipVLFinishArgs f) {
+    __shared__ RadixShared sh;
+    extern __shared__ __align__(16) unsigned char select_dyn[];
+    if (threadIdx.x == 0) sh.wh = reinterpret_cast<RadixWarpHist*>(select_dyn);
+    const int g = blockIdx.x, n = f.n;
+    const float* acc = f.accumulated + static_cast<std::int64_t>(g) * n;
+    const float* nrm = f.normalized + static_cast<std::int64_t>(g) * n;
+    const bool bad = (*f.status & 1) != 0;
+    if (bad) {  // a non-finite score: nothing to rank (the host reports it)
+        if (threadIdx.x == 0) {
+            f.p[g] = 0;
+            f.count[g] = 0;
+        }
+        return;
+    }
+    float* cache = reinterpret_cast<float*>(select_dyn + sizeof(RadixWarpHist));
+    const bool cached = f.cached >= n;
+    if (cached)
+        for (int j = threadIdx.x; j < n; j += blockDim.x) cache[j] = acc[j];
+    __syncthreads();
+    // Fixed point: the sum of all scores (about `total`) stays below 2^61.
+    const double F = ldexp(1.0, 60 - ilogb(f.total) - 1);
+    const int p = cached ? block_count_for_mass(sh, [&](int j) { return cache[j]; }, n, f.tau * f.total * F, F)
+                         : block_count_for_mass(sh, [&](int j) { return acc[j]; }, n, f.tau * f.total * F, F);
+    if (cached)
+        for (int j = threadIdx.x; j < n; j += blockDim.x) cache[j] = nrm[j];
+    __syncthreads();
+    const float* ns = cached ? cache : nrm;
+    unsigned vkey = 0;
+    int need = n;
+    const bool all = p >= n;
+    int eq_count = 0;
+    if (!all) block_topk_threshold(sh, [&](int j) { return ns[j]; }, n, p, vkey, need, eq_count);
+    const int keep_from = n - f.keep_last;
+    std::int32_t* out = f.indptr ? f.lists : f.lists + static_cast<std::int64_t>(g) * n;
+    // Ranks among the scores equal to the threshold matter only when some of them are left out.
+    const bool ranked = !all && need < eq_count;
+    const int cnt = block_compact(
+        sh, n, ranked, [&](int j) { return score_key(ns[j]) == vkey; },
+        [&](int j, bool tie, int rank) {
+            const unsigned key = score_key(ns[j]);
+            const bool top = all || key > vkey || (key == vkey && (!ranked || (tie && rank < need)));
+            return top || j >= keep_from || (f.text && f.text[j]);
+        },
+        out);
+    if (threadIdx.x == 0) {
+        f.p[g] = p;
+        f.count[g] = cnt;
+        if (f.indptr) {
+            f.indptr[0] = 0;
+            f.indptr[1] = cnt;
+        }
+    }
+}
+
+// Group g's list moved from lists + g * n to its CSR place; indptr [G + 1] written. Grid (G, any):
+// block (g, b) copies entries b * 1024 .. of group g.
+inline constexpr int kPackSpan = 1024;
+template <int Unused = 0>
+__global__ void pack_lists_kernel(const std::int32_t* lists, const int* count, int n, int G, std::int32_t* indices,
+                                  std::int32_t* indptr) {
+    const int g = blockIdx.x;
+    int off = 0;
+    for (int h = 0; h < g; ++h) off += count[h];
+    const int c = count[g];
+    const int lo = blockIdx.y * kPackSpan, hi = min(c, lo + kPackSpan);
+    for (int i = lo + static_cast<int>(threadIdx.x); i < hi; i += blockDim.x)
+        indices[off + i] = lists[static_cast<std::int64_t>(g) * n + i];
+    if (blockIdx.y == 0 && threadIdx.x == 0) {
+        if (g == 0) indptr[0] = 0;
+        indptr[g + 1] = off + c;
+    }
+}
+
+// indices[i] = i (a dense layer's list).
+template <int Unused = 0>
+__global__ void iota_kernel(std::int32_t* out, int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = i;
+}
+
+}  // namespace vlsparse::cuda::detail
