@@ -41,6 +41,7 @@
 #include "vlsparse/core/selection.hpp"
 #include "vlsparse/core/tensor.hpp"
 #include "vlsparse/cuda/common.cuh"
+#include "vlsparse/cuda/selection/probe_columns.cuh"
 #include "vlsparse/cuda/selection/probe_scores.cuh"
 #include "vlsparse/cuda/selection/select.cuh"
 #include "vlsparse/kv/kv_batch.hpp"
@@ -99,98 +100,6 @@ struct DeviceZipVLSelection {
     }
 };
 
-namespace detail {
-
-// A device buffer that only grows (bytes), for workspaces reused across calls.
-class GrowBuffer {
-public:
-    GrowBuffer() = default;
-    GrowBuffer(const GrowBuffer&) = delete;
-    GrowBuffer& operator=(const GrowBuffer&) = delete;
-    ~GrowBuffer() { cudaFree(p_); }
-    void* get(std::size_t bytes, const char* fn) {
-        if (bytes > n_) {
-            // Work queued earlier may still use the old buffer.
-            check_cuda(cudaDeviceSynchronize(), fn, "cudaDeviceSynchronize");
-            cudaFree(p_);
-            p_ = nullptr;
-            n_ = 0;
-            check_cuda(cudaMalloc(&p_, bytes), fn, "cudaMalloc");
-            n_ = bytes;
-        }
-        return p_;
-    }
-    void fill(int byte, const char* fn) {
-        if (n_ == 0) return;
-        check_cuda(cudaMemset(p_, byte, n_), fn, "cudaMemset");
-        check_cuda(cudaDeviceSynchronize(), fn, "cudaDeviceSynchronize");
-    }
-
-private:
-    void* p_ = nullptr;
-    std::size_t n_ = 0;
-};
-
-inline std::size_t align256(std::size_t b) { return (b + 255) / 256 * 256; }
-
-template <class T, int D>
-void launch_probe_mma(ProbeArgs& a, cudaStream_t stream, const char* fn) {
-    constexpr int KS = D / 16;
-    const int chunks = a.qpk * a.npc;
-    {
-        const std::int64_t total = static_cast<std::int64_t>(a.Hkv) * chunks * KS * 32;
-        probe_pack_mma_kernel<T, D><<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(a);
-        check_launch(fn, "probe_pack_mma_kernel");
-    }
-    constexpr std::size_t shm = probe_cols_smem_bytes<T, D>();
-    const dim3 grid(static_cast<unsigned>((a.n + kProbeColTile - 1) / kProbeColTile), static_cast<unsigned>(a.Hkv),
-                    static_cast<unsigned>(a.rsplit));
-    {
-        auto* k1 = probe_cols_mma_kernel<T, D, true>;
-        static const cudaError_t attr = cudaFuncSetAttribute(k1, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
-        check_cuda(attr, fn, "cudaFuncSetAttribute");
-        k1<<<grid, kProbeThreads, shm, stream>>>(a);
-        check_launch(fn, "probe_cols_mma_kernel (pass 1)");
-    }
-    {
-        const std::int64_t rows = static_cast<std::int64_t>(a.Hkv) * chunks * 16;  // a warp each
-        probe_lse_kernel<><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(a);
-        check_launch(fn, "probe_lse_kernel");
-    }
-    {
-        auto* k2 = probe_cols_mma_kernel<T, D, false>;
-        static const cudaError_t attr = cudaFuncSetAttribute(k2, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
-        check_cuda(attr, fn, "cudaFuncSetAttribute");
-        k2<<<grid, kProbeThreads, shm, stream>>>(a);
-        check_launch(fn, "probe_cols_mma_kernel (pass 2)");
-    }
-}
-
-inline void launch_probe_simt(ProbeArgs& a, cudaStream_t stream, const char* fn) {
-    const std::int64_t rows = static_cast<std::int64_t>(a.qpk) * a.npc * 16;
-    {
-        const std::int64_t total = static_cast<std::int64_t>(a.Hkv) * rows * a.d;
-        probe_pack_simt_kernel<><<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(a);
-        check_launch(fn, "probe_pack_simt_kernel");
-    }
-    {
-        const std::size_t shm = static_cast<std::size_t>(4 * a.d) * sizeof(float);
-        probe_pass1_simt_kernel<><<<static_cast<unsigned>((rows * a.Hkv + 3) / 4), kProbeThreads, shm, stream>>>(a);
-        check_launch(fn, "probe_pass1_simt_kernel");
-    }
-    {
-        const std::size_t shm = (static_cast<std::size_t>(kProbeSimtCols) * (a.d + 1) + a.d) * sizeof(float);
-        auto* k2 = probe_pass2_simt_kernel<>;
-        check_cuda(cudaFuncSetAttribute(k2, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm)), fn,
-                   "cudaFuncSetAttribute");
-        const dim3 grid(static_cast<unsigned>((a.n + kProbeSimtCols - 1) / kProbeSimtCols), static_cast<unsigned>(a.Hkv));
-        k2<<<grid, kProbeSimtCols, shm, stream>>>(a);
-        check_launch(fn, "probe_pass2_simt_kernel");
-    }
-}
-
-}  // namespace detail
-
 // ZipVL's selection on the GPU with a reusable workspace (device buffers grow to the largest layer
 // seen; pinned host staging for the per-call metadata). Not thread-safe: one selector per stream.
 class ZipVLSelector {
@@ -198,10 +107,6 @@ public:
     ZipVLSelector() = default;
     ZipVLSelector(const ZipVLSelector&) = delete;
     ZipVLSelector& operator=(const ZipVLSelector&) = delete;
-    ~ZipVLSelector() {
-        cudaFreeHost(pinned_);
-        if (staged_) cudaEventDestroy(staged_);
-    }
 
     // The selection of layer `layer`. `probes` overrides the probe choice (sorted ascending, unique, in
     // [0, n)); empty = zipvl_probes(n, layer, params).
@@ -251,121 +156,36 @@ public:
             r.probes.assign(probes.begin(), probes.end());
         }
         const std::int64_t np = static_cast<std::int64_t>(r.probes.size());
-        const std::int64_t npc = (np + 15) / 16, qpk = H / Hkv;
-        const std::int64_t rows = qpk * npc * 16;  // per KV head
         const double scale = ::vlsparse::detail::resolve_scale(P.attention(), d, fn);
+        const detail::ProbeColumnsResult pc = probe_.run(q, k, std::span<const std::int64_t>(r.probes), scale, stream, fn);
 
-        constexpr bool same16 = std::is_same_v<std::remove_const_t<TQ>, std::remove_const_t<TK>> && sizeof(TQ) == 2;
-        const bool mma = same16 && d <= 128;
-        // Device workspace.
+        // This front end's buffers: the text mask (keep_text), scores, lists, p / counts / indptr.
         using detail::align256;
-        const std::size_t b_pos = align256(static_cast<std::size_t>(npc * 16) * 4);
-        const std::size_t b_cmax = align256(static_cast<std::size_t>(npc) * 4);
-        const std::size_t b_probes = align256(static_cast<std::size_t>(np) * 4);
         const std::size_t b_text = P.keep_text ? align256(static_cast<std::size_t>(n)) : 0;
-        const std::size_t b_q = mma ? align256(static_cast<std::size_t>(Hkv * qpk * npc * ((d <= 64 ? 64 : 128) / 16) * 32) * 16)
-                                    : align256(static_cast<std::size_t>(Hkv * rows * d) * 4);
-        const std::int64_t ncb = (n + detail::kProbeColTile - 1) / detail::kProbeColTile;
-        const std::size_t b_part = mma ? align256(static_cast<std::size_t>(Hkv * rows * ncb) * 8) : 0;
-        const std::size_t b_lse = align256(static_cast<std::size_t>(Hkv * rows) * 4);
-        // Tensor cores: the chunks of a key block shared out over rsplit blocks when the key blocks alone
-        // would leave the GPU short of work (about two waves of 4 blocks per multiprocessor wanted).
-        int rsplit = 1;
-        if (mma) {
-            int dev = 0, sms = 0;
-            detail::check_cuda(cudaGetDevice(&dev), fn, "cudaGetDevice");
-            detail::check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), fn, "cudaDeviceGetAttribute");
-            const std::int64_t blocks = ((n + detail::kProbeColTile - 1) / detail::kProbeColTile) * Hkv;
-            rsplit = static_cast<int>(std::clamp<std::int64_t>((8 * sms + blocks - 1) / blocks, 1, 8));
-        }
-        const std::size_t b_col = align256(static_cast<std::size_t>(rsplit * Hkv * n) * 4);
         const std::size_t b_sc = align256(static_cast<std::size_t>(G * n) * 4);
         const std::size_t b_lists = align256(static_cast<std::size_t>(G * n) * 4);
-        const std::size_t b_small = align256(static_cast<std::size_t>(4 * G + 8) * 4);  // p, count, indptr, status
-        const std::size_t up = b_pos + b_cmax + b_probes + b_text;
-        const std::size_t need = up + b_q + b_part + b_lse + b_col + 2 * b_sc + 2 * b_lists + b_small;
-        char* base = static_cast<char*>(work_.get(need, fn));
-        char* at = base;
-        auto take = [&](std::size_t b) {
-            char* p = at;
-            at += b;
-            return p;
-        };
-        auto* pos_d = reinterpret_cast<std::int32_t*>(take(b_pos));
-        auto* cmax_d = reinterpret_cast<std::int32_t*>(take(b_cmax));
-        auto* probes_d = reinterpret_cast<std::int32_t*>(take(b_probes));
-        auto* text_d = reinterpret_cast<std::uint8_t*>(take(b_text));
-        void* qbuf = take(b_q);
-        auto* part_d = reinterpret_cast<float2*>(take(b_part));
-        auto* lse_d = reinterpret_cast<float*>(take(b_lse));
-        auto* col_d = reinterpret_cast<float*>(take(b_col));
-        auto* acc_d = reinterpret_cast<float*>(take(b_sc));
-        auto* nrm_d = reinterpret_cast<float*>(take(b_sc));
-        auto* lists_d = reinterpret_cast<std::int32_t*>(take(b_lists));
-        auto* idx_d = reinterpret_cast<std::int32_t*>(take(b_lists));
-        auto* small_d = reinterpret_cast<int*>(take(b_small));
+        const std::size_t b_small = align256(static_cast<std::size_t>(3 * G + 2) * 4);  // p, count, indptr
+        char* base = static_cast<char*>(work_.get(b_text + 2 * b_sc + 2 * b_lists + b_small, fn));
+        auto* text_d = reinterpret_cast<std::uint8_t*>(base);
+        auto* acc_d = reinterpret_cast<float*>(base + b_text);
+        auto* nrm_d = reinterpret_cast<float*>(base + b_text + b_sc);
+        auto* lists_d = reinterpret_cast<std::int32_t*>(base + b_text + 2 * b_sc);
+        auto* idx_d = reinterpret_cast<std::int32_t*>(base + b_text + 2 * b_sc + b_lists);
+        auto* small_d = reinterpret_cast<int*>(base + b_text + 2 * b_sc + 2 * b_lists);
         int* p_d = small_d;
         int* cnt_d = small_d + G;
         auto* indptr_d = reinterpret_cast<std::int32_t*>(small_d + 2 * G);
-        int* status_d = small_d + 3 * G + 2;
-
-        // Host metadata, staged in pinned memory and uploaded in one copy.
-        if (pinned_) detail::check_cuda(cudaEventSynchronize(staged_), fn, "cudaEventSynchronize");
-        char* h = static_cast<char*>(pinned(up + b_small, fn));
-        std::memset(h, 0, up);
-        auto* pos_h = reinterpret_cast<std::int32_t*>(h);
-        auto* cmax_h = reinterpret_cast<std::int32_t*>(h + b_pos);
-        auto* probes_h = reinterpret_cast<std::int32_t*>(h + b_pos + b_cmax);
-        for (std::int64_t i = 0; i < npc * 16; ++i) pos_h[i] = i < np ? static_cast<std::int32_t>(r.probes[static_cast<std::size_t>(i)]) : -1;
-        for (std::int64_t c = 0; c < npc; ++c) cmax_h[c] = static_cast<std::int32_t>(r.probes[static_cast<std::size_t>(std::min(np - 1, 16 * c + 15))]);
-        for (std::int64_t i = 0; i < np; ++i) probes_h[i] = static_cast<std::int32_t>(r.probes[static_cast<std::size_t>(i)]);
+        char* h = staging_.get(b_text + b_small + 256, fn);
         if (P.keep_text) {
             const auto m = layout.text_mask();
-            std::memcpy(h + b_pos + b_cmax + b_probes, m.data(), static_cast<std::size_t>(n));
+            std::memcpy(h, m.data(), static_cast<std::size_t>(n));
+            detail::check_cuda(cudaMemcpyAsync(text_d, h, static_cast<std::size_t>(n), cudaMemcpyHostToDevice, stream), fn,
+                               "cudaMemcpyAsync");
         }
-        detail::check_cuda(cudaMemcpyAsync(base, h, up, cudaMemcpyHostToDevice, stream), fn, "cudaMemcpyAsync");
-        detail::check_cuda(cudaEventRecord(staged_, stream), fn, "cudaEventRecord");
-        detail::check_cuda(cudaMemsetAsync(status_d, 0, sizeof(int), stream), fn, "cudaMemsetAsync");
-
-        detail::ProbeArgs a;
-        a.q = q.data;
-        a.k = k.data;
-        a.q_type = dtype_of<TQ>();
-        a.k_type = dtype_of<TK>();
-        a.q_s0 = q.stride[0];
-        a.q_s1 = q.stride[1];
-        a.q_s2 = q.stride[2];
-        a.k_s0 = k.stride[0];
-        a.k_s1 = k.stride[1];
-        a.k_s2 = k.stride[2];
-        a.n = static_cast<int>(n);
-        a.d = static_cast<int>(d);
-        a.H = static_cast<int>(H);
-        a.Hkv = static_cast<int>(Hkv);
-        a.qpk = static_cast<int>(qpk);
-        a.n_probes = static_cast<int>(np);
-        a.npc = static_cast<int>(npc);
-        a.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
-        a.k_pairs = same16 && k.stride[2] == 1 && d % 2 == 0 && k.stride[0] % 2 == 0 && k.stride[1] % 2 == 0 &&
-                    reinterpret_cast<std::uintptr_t>(k.data) % 4 == 0;
-        a.pos = pos_d;
-        a.cmax = cmax_d;
-        a.part = part_d;
-        a.lse = lse_d;
-        a.col = col_d;
-        a.status = status_d;
-        a.rsplit = rsplit;
-        if (mma) {
-            a.qpack = static_cast<const uint4*>(qbuf);
-            if constexpr (same16) {
-                using T = std::remove_const_t<TQ>;
-                if (d <= 64) detail::launch_probe_mma<T, 64>(a, stream, fn);
-                else detail::launch_probe_mma<T, 128>(a, stream, fn);
-            }
-        } else {
-            a.qrows = static_cast<const float*>(qbuf);
-            detail::launch_probe_simt(a, stream, fn);
-        }
+        int* status_d = pc.status;
+        const int rsplit = pc.rsplit;
+        const float* col_d = pc.col;
+        const std::int32_t* probes_d = pc.probes;
 
         detail::ZipVLFinishArgs f;
         f.col = col_d;
@@ -411,9 +231,12 @@ public:
         }
 
         // p, counts, indptr and the status word back to the host: the one synchronization.
-        auto* back = reinterpret_cast<int*>(h + up);
-        detail::check_cuda(cudaMemcpyAsync(back, small_d, static_cast<std::size_t>(3 * G + 3) * sizeof(int), cudaMemcpyDeviceToHost, stream),
+        auto* back = reinterpret_cast<int*>(h + b_text);
+        detail::check_cuda(cudaMemcpyAsync(back, small_d, static_cast<std::size_t>(3 * G + 2) * sizeof(int), cudaMemcpyDeviceToHost, stream),
                            fn, "cudaMemcpyAsync");
+        detail::check_cuda(cudaMemcpyAsync(back + 3 * G + 2, status_d, sizeof(int), cudaMemcpyDeviceToHost, stream), fn,
+                           "cudaMemcpyAsync");
+        staging_.mark(stream, fn);
         detail::check_cuda(cudaStreamSynchronize(stream), fn, "cudaStreamSynchronize");
         detail::require((back[3 * G + 2] & detail::kInputNonFinite) == 0, fn,
                         "q or k holds NaN or Inf (in k, or in a probe row of q: the rows the selection reads)");
@@ -434,25 +257,15 @@ public:
 
     // Tests: every byte of the device workspace (scores, lists, scratch) set to `byte`, so that an
     // output the next select() fails to write shows (0xff: NaN scores, -1 positions). Synchronizes.
-    void fill_workspace(int byte) { work_.fill(byte, "cuda::ZipVLSelector::fill_workspace"); }
-
-private:
-    void* pinned(std::size_t bytes, const char* fn) {
-        if (bytes > pinned_bytes_) {
-            cudaFreeHost(pinned_);
-            pinned_ = nullptr;
-            pinned_bytes_ = 0;
-            detail::check_cuda(cudaMallocHost(&pinned_, bytes), fn, "cudaMallocHost");
-            pinned_bytes_ = bytes;
-            if (!staged_) detail::check_cuda(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming), fn, "cudaEventCreate");
-        }
-        return pinned_;
+    void fill_workspace(int byte) {
+        work_.fill(byte, "cuda::ZipVLSelector::fill_workspace");
+        probe_.fill(byte, "cuda::ZipVLSelector::fill_workspace");
     }
 
+private:
+    detail::ProbeColumns probe_;
     detail::GrowBuffer work_, dense_buf_;
-    void* pinned_ = nullptr;
-    std::size_t pinned_bytes_ = 0;
-    cudaEvent_t staged_ = nullptr;
+    detail::PinnedStaging staging_;
     DeviceZipVLSelection res_;
 };
 

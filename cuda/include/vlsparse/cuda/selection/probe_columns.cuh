@@ -1,0 +1,268 @@
+// vlsparse/cuda/selection/probe_columns.cuh -- the host side of the probe column sums
+// (selection/probe_scores.cuh): one reusable runner that every policy scoring "attention of some query
+// rows, summed into the keys" calls -- ZipVL's probes, SnapKV's observation window, H2O's every row,
+// FastV's and A-VL's last row. Internal to the selection front ends (namespace vlsparse::cuda::detail).
+//
+//   ProbeColumns pc;
+//   ProbeColumnsResult r = pc.run(q, k, probes, scale, stream, fn);
+//   // r.col: device [r.rsplit][H_kv][n]: for KV head g and key j, partial sums over its query heads and
+//   // the probes p >= j of softmax_{j' <= p}(scale q_{p,h} . k_{j',g}); the caller adds the r.rsplit
+//   // partials (and the KV heads, for one group per layer) in a fixed order.
+//   // r.status: device int, bit kInputNonFinite set when an element read was NaN / Inf.
+//
+// q [n, H, d] and k [n, H_kv, d] are device views (any strides); the caller has checked the shapes and
+// the probes (ascending, unique, in [0, n), at least one). Everything is enqueued on `stream`; nothing
+// synchronizes except a workspace that has to grow.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <type_traits>
+
+#include "vlsparse/core/dtype.hpp"
+#include "vlsparse/core/tensor.hpp"
+#include "vlsparse/cuda/common.cuh"
+#include "vlsparse/cuda/selection/probe_scores.cuh"
+
+namespace vlsparse::cuda::detail {
+
+// A device buffer that only grows (bytes), for workspaces reused across calls.
+class GrowBuffer {
+public:
+    GrowBuffer() = default;
+    GrowBuffer(const GrowBuffer&) = delete;
+    GrowBuffer& operator=(const GrowBuffer&) = delete;
+    ~GrowBuffer() { cudaFree(p_); }
+    void* get(std::size_t bytes, const char* fn) {
+        if (bytes > n_) {
+            // Work queued earlier may still use the old buffer.
+            check_cuda(cudaDeviceSynchronize(), fn, "cudaDeviceSynchronize");
+            cudaFree(p_);
+            p_ = nullptr;
+            n_ = 0;
+            check_cuda(cudaMalloc(&p_, bytes), fn, "cudaMalloc");
+            n_ = bytes;
+        }
+        return p_;
+    }
+    // Tests: every byte set to `byte` (poison). Synchronizes.
+    void fill(int byte, const char* fn) {
+        if (n_ == 0) return;
+        check_cuda(cudaMemset(p_, byte, n_), fn, "cudaMemset");
+        check_cuda(cudaDeviceSynchronize(), fn, "cudaDeviceSynchronize");
+    }
+
+private:
+    void* p_ = nullptr;
+    std::size_t n_ = 0;
+};
+
+// Pinned host memory that only grows, with an event marking when the last copy out of it was done.
+class PinnedStaging {
+public:
+    PinnedStaging() = default;
+    PinnedStaging(const PinnedStaging&) = delete;
+    PinnedStaging& operator=(const PinnedStaging&) = delete;
+    ~PinnedStaging() {
+        cudaFreeHost(p_);
+        if (done_) cudaEventDestroy(done_);
+    }
+    // `bytes` of pinned memory, once the copies queued from it before have finished.
+    char* get(std::size_t bytes, const char* fn) {
+        if (done_) check_cuda(cudaEventSynchronize(done_), fn, "cudaEventSynchronize");
+        else check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), fn, "cudaEventCreate");
+        if (bytes > n_) {
+            cudaFreeHost(p_);
+            p_ = nullptr;
+            n_ = 0;
+            check_cuda(cudaMallocHost(&p_, bytes), fn, "cudaMallocHost");
+            n_ = bytes;
+        }
+        return static_cast<char*>(p_);
+    }
+    // After the copies out of it are enqueued on `stream`.
+    void mark(cudaStream_t stream, const char* fn) { check_cuda(cudaEventRecord(done_, stream), fn, "cudaEventRecord"); }
+
+private:
+    void* p_ = nullptr;
+    std::size_t n_ = 0;
+    cudaEvent_t done_ = nullptr;
+};
+
+inline std::size_t align256(std::size_t b) { return (b + 255) / 256 * 256; }
+
+template <class T, int D>
+void launch_probe_mma(ProbeArgs& a, cudaStream_t stream, const char* fn) {
+    constexpr int KS = D / 16;
+    const int chunks = a.qpk * a.npc;
+    {
+        const std::int64_t total = static_cast<std::int64_t>(a.Hkv) * chunks * KS * 32;
+        probe_pack_mma_kernel<T, D><<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(a);
+        check_launch(fn, "probe_pack_mma_kernel");
+    }
+    constexpr std::size_t shm = probe_cols_smem_bytes<T, D>();
+    const dim3 grid(static_cast<unsigned>((a.n + kProbeColTile - 1) / kProbeColTile), static_cast<unsigned>(a.Hkv),
+                    static_cast<unsigned>(a.rsplit));
+    {
+        auto* k1 = probe_cols_mma_kernel<T, D, true>;
+        static const cudaError_t attr = cudaFuncSetAttribute(k1, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
+        check_cuda(attr, fn, "cudaFuncSetAttribute");
+        k1<<<grid, kProbeThreads, shm, stream>>>(a);
+        check_launch(fn, "probe_cols_mma_kernel (pass 1)");
+    }
+    {
+        const std::int64_t rows = static_cast<std::int64_t>(a.Hkv) * chunks * 16;  // a warp each
+        probe_lse_kernel<><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(a);
+        check_launch(fn, "probe_lse_kernel");
+    }
+    {
+        auto* k2 = probe_cols_mma_kernel<T, D, false>;
+        static const cudaError_t attr = cudaFuncSetAttribute(k2, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
+        check_cuda(attr, fn, "cudaFuncSetAttribute");
+        k2<<<grid, kProbeThreads, shm, stream>>>(a);
+        check_launch(fn, "probe_cols_mma_kernel (pass 2)");
+    }
+}
+
+inline void launch_probe_simt(ProbeArgs& a, cudaStream_t stream, const char* fn) {
+    const std::int64_t rows = static_cast<std::int64_t>(a.qpk) * a.npc * 16;
+    {
+        const std::int64_t total = static_cast<std::int64_t>(a.Hkv) * rows * a.d;
+        probe_pack_simt_kernel<><<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(a);
+        check_launch(fn, "probe_pack_simt_kernel");
+    }
+    {
+        const std::size_t shm = static_cast<std::size_t>(4 * a.d) * sizeof(float);
+        probe_pass1_simt_kernel<><<<static_cast<unsigned>((rows * a.Hkv + 3) / 4), kProbeThreads, shm, stream>>>(a);
+        check_launch(fn, "probe_pass1_simt_kernel");
+    }
+    {
+        const std::size_t shm = (static_cast<std::size_t>(kProbeSimtCols) * (a.d + 1) + a.d) * sizeof(float);
+        auto* k2 = probe_pass2_simt_kernel<>;
+        check_cuda(cudaFuncSetAttribute(k2, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm)), fn,
+                   "cudaFuncSetAttribute");
+        const dim3 grid(static_cast<unsigned>((a.n + kProbeSimtCols - 1) / kProbeSimtCols), static_cast<unsigned>(a.Hkv));
+        k2<<<grid, kProbeSimtCols, shm, stream>>>(a);
+        check_launch(fn, "probe_pass2_simt_kernel");
+    }
+}
+
+struct ProbeColumnsResult {
+    const float* col = nullptr;            // device [rsplit][H_kv][n]
+    int rsplit = 1;
+    const std::int32_t* probes = nullptr;  // device [n_probes] (int32 positions, ascending)
+    int n_probes = 0;
+    int* status = nullptr;                 // device status word (cleared by run)
+};
+
+class ProbeColumns {
+public:
+    template <ElementType TQ, ElementType TK>
+    ProbeColumnsResult run(View3<const TQ> q, View3<const TK> k, std::span<const std::int64_t> probes, double scale,
+                           cudaStream_t stream, const char* fn) {
+        const std::int64_t n = q.shape[0], H = q.shape[1], d = q.shape[2], Hkv = k.shape[1];
+        const auto np = static_cast<std::int64_t>(probes.size());
+        const std::int64_t npc = (np + 15) / 16, qpk = H / Hkv;
+        const std::int64_t rows = qpk * npc * 16;  // per KV head
+        constexpr bool same16 = std::is_same_v<std::remove_const_t<TQ>, std::remove_const_t<TK>> && sizeof(TQ) == 2;
+        const bool mma = same16 && d <= 128;
+        // Tensor cores: the chunks of a key block shared out over rsplit blocks when the key blocks alone
+        // would leave the GPU short of work (about two waves of 4 blocks per multiprocessor wanted).
+        int rsplit = 1;
+        if (mma) {
+            int dev = 0, sms = 0;
+            check_cuda(cudaGetDevice(&dev), fn, "cudaGetDevice");
+            check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), fn, "cudaDeviceGetAttribute");
+            const std::int64_t blocks = ((n + kProbeColTile - 1) / kProbeColTile) * Hkv;
+            rsplit = static_cast<int>(std::clamp<std::int64_t>((8 * sms + blocks - 1) / blocks, 1, 8));
+        }
+        const std::size_t b_pos = align256(static_cast<std::size_t>(npc * 16) * 4);
+        const std::size_t b_cmax = align256(static_cast<std::size_t>(npc) * 4);
+        const std::size_t b_probes = align256(static_cast<std::size_t>(np) * 4);
+        const std::size_t b_status = 256;
+        const std::size_t b_q = mma ? align256(static_cast<std::size_t>(Hkv * qpk * npc * ((d <= 64 ? 64 : 128) / 16) * 32) * 16)
+                                    : align256(static_cast<std::size_t>(Hkv * rows * d) * 4);
+        const std::int64_t ncb = (n + kProbeColTile - 1) / kProbeColTile;
+        const std::size_t b_part = mma ? align256(static_cast<std::size_t>(Hkv * rows * ncb) * 8) : 0;
+        const std::size_t b_lse = align256(static_cast<std::size_t>(Hkv * rows) * 4);
+        const std::size_t b_col = align256(static_cast<std::size_t>(rsplit * Hkv * n) * 4);
+        const std::size_t up = b_pos + b_cmax + b_probes;
+        char* base = static_cast<char*>(work_.get(up + b_status + b_q + b_part + b_lse + b_col, fn));
+        auto* pos_d = reinterpret_cast<std::int32_t*>(base);
+        auto* cmax_d = reinterpret_cast<std::int32_t*>(base + b_pos);
+        auto* probes_d = reinterpret_cast<std::int32_t*>(base + b_pos + b_cmax);
+        int* status_d = reinterpret_cast<int*>(base + up);
+        char* at = base + up + b_status;
+        void* qbuf = at;
+        auto* part_d = reinterpret_cast<float2*>(at + b_q);
+        auto* lse_d = reinterpret_cast<float*>(at + b_q + b_part);
+        auto* col_d = reinterpret_cast<float*>(at + b_q + b_part + b_lse);
+
+        // Per-call metadata: padded probe positions, each chunk's last probe, the probes as int32.
+        char* h = staging_.get(up, fn);
+        std::memset(h, 0, up);
+        auto* pos_h = reinterpret_cast<std::int32_t*>(h);
+        auto* cmax_h = reinterpret_cast<std::int32_t*>(h + b_pos);
+        auto* probes_h = reinterpret_cast<std::int32_t*>(h + b_pos + b_cmax);
+        for (std::int64_t i = 0; i < npc * 16; ++i) pos_h[i] = i < np ? static_cast<std::int32_t>(probes[static_cast<std::size_t>(i)]) : -1;
+        for (std::int64_t c = 0; c < npc; ++c)
+            cmax_h[c] = static_cast<std::int32_t>(probes[static_cast<std::size_t>(std::min(np - 1, 16 * c + 15))]);
+        for (std::int64_t i = 0; i < np; ++i) probes_h[i] = static_cast<std::int32_t>(probes[static_cast<std::size_t>(i)]);
+        check_cuda(cudaMemcpyAsync(base, h, up, cudaMemcpyHostToDevice, stream), fn, "cudaMemcpyAsync");
+        staging_.mark(stream, fn);
+        check_cuda(cudaMemsetAsync(status_d, 0, sizeof(int), stream), fn, "cudaMemsetAsync");
+
+        ProbeArgs a;
+        a.q = q.data;
+        a.k = k.data;
+        a.q_type = dtype_of<TQ>();
+        a.k_type = dtype_of<TK>();
+        a.q_s0 = q.stride[0];
+        a.q_s1 = q.stride[1];
+        a.q_s2 = q.stride[2];
+        a.k_s0 = k.stride[0];
+        a.k_s1 = k.stride[1];
+        a.k_s2 = k.stride[2];
+        a.n = static_cast<int>(n);
+        a.d = static_cast<int>(d);
+        a.H = static_cast<int>(H);
+        a.Hkv = static_cast<int>(Hkv);
+        a.qpk = static_cast<int>(qpk);
+        a.n_probes = static_cast<int>(np);
+        a.npc = static_cast<int>(npc);
+        a.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+        a.k_pairs = same16 && k.stride[2] == 1 && d % 2 == 0 && k.stride[0] % 2 == 0 && k.stride[1] % 2 == 0 &&
+                    reinterpret_cast<std::uintptr_t>(k.data) % 4 == 0;
+        a.pos = pos_d;
+        a.cmax = cmax_d;
+        a.part = part_d;
+        a.lse = lse_d;
+        a.col = col_d;
+        a.status = status_d;
+        a.rsplit = rsplit;
+        if (mma) {
+            a.qpack = static_cast<const uint4*>(qbuf);
+            if constexpr (same16) {
+                using T = std::remove_const_t<TQ>;
+                if (d <= 64) launch_probe_mma<T, 64>(a, stream, fn);
+                else launch_probe_mma<T, 128>(a, stream, fn);
+            }
+        } else {
+            a.qrows = static_cast<const float*>(qbuf);
+            launch_probe_simt(a, stream, fn);
+        }
+        return {col_d, rsplit, probes_d, static_cast<int>(np), status_d};
+    }
+
+    void fill(int byte, const char* fn) { work_.fill(byte, fn); }
+
+private:
+    GrowBuffer work_;
+    PinnedStaging staging_;
+};
+
+}  // namespace vlsparse::cuda::detail

@@ -1,0 +1,174 @@
+// CUDA baselines' scores (vlsparse/cuda/baselines.cuh: H2O, SnapKV, FastV / A-VL) against the reference
+// on identical inputs and against the golden/baselines files: bf16 and fp16 (tensor cores), fp32 and
+// d = 256 (CUDA cores), GQA 1 / 4 / 8, both groupings, avg / max / no pooling, n not a multiple of the
+// tiles. The scorer's workspace is poisoned (0xff) before each checked call. Scores must agree to 1e-4
+// relative (fp32 on the GPU, double in the reference); the kept sets of the golden cases (built with no
+// near tie at the cut, except the documented tie cases) must match exactly.
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <vlsparse/core/rng.hpp>
+#include <vlsparse/cuda/baselines.cuh>
+#include <vlsparse/reference/baselines.hpp>
+#include <vlsparse/reference/baselines_golden.hpp>
+
+using namespace vlsparse;
+using Catch::Matchers::Contains;
+
+namespace {
+
+constexpr double kTol = 1e-4;
+
+void check_close(const std::vector<double>& got, const std::vector<double>& want, const char* what) {
+    REQUIRE(got.size() == want.size());
+    double mx = 0.0;
+    for (double x : want) mx = std::max(mx, std::abs(x));
+    for (std::size_t i = 0; i < got.size(); ++i) {
+        INFO(what << "[" << i << "] = " << got[i] << ", reference " << want[i]);
+        REQUIRE(std::abs(got[i] - want[i]) <= kTol * (std::abs(want[i]) + 1e-3 * mx));
+    }
+}
+void check_close(const std::vector<std::vector<double>>& got, const std::vector<std::vector<double>>& want,
+                 const char* what) {
+    REQUIRE(got.size() == want.size());
+    for (std::size_t g = 0; g < got.size(); ++g) check_close(got[g], want[g], what);
+}
+
+template <class T>
+std::vector<T> random_values(std::size_t count, double spread, SplitMix64& rng) {
+    std::vector<T> v(count);
+    for (auto& x : v) x = from_float<T>(static_cast<float>(spread * (2.0 * rng.uniform() - 1.0)));
+    return v;
+}
+
+template <class T>
+void random_case(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::int64_t d, std::uint64_t seed, cuda::BaselineScorer& sc) {
+    SplitMix64 rng(seed);
+    const auto q = random_values<T>(static_cast<std::size_t>(n * H * d), 2.0, rng);
+    const auto k = random_values<T>(static_cast<std::size_t>(n * Hkv * d), 1.0, rng);
+    const View3<const T> qh(q.data(), {n, H, d}), kh(k.data(), {n, Hkv, d});
+    cuda::DeviceArray<T> qd(q), kd(k);
+    const View3<const T> qv(qd.data(), {n, H, d}), kv(kd.data(), {n, Hkv, d});
+    INFO("n " << n << " H " << H << " H_kv " << Hkv << " d " << d << " seed " << seed);
+    for (auto groups : {BaselineGroups::kv_head, BaselineGroups::layer}) {
+        sc.h2o_scores(qv, kv, groups);
+        sc.fill_workspace(0xff);
+        check_close(sc.h2o_scores(qv, kv, groups), reference::h2o_scores(qh, kh, groups), "h2o");
+        const std::int64_t w = std::min<std::int64_t>(n, 1 + static_cast<std::int64_t>(seed % 17));
+        sc.fill_workspace(0xff);
+        const auto raw = reference::snapkv_window_scores(qh, kh, w, groups);
+        check_close(sc.snapkv_window_scores(qv, kv, w, groups), raw, "snapkv window");
+        for (auto pool : {SnapKVPooling::avg, SnapKVPooling::max, SnapKVPooling::none}) {
+            SnapKVParams P;
+            P.window = w;
+            P.kernel = 5;
+            P.pooling = pool;
+            P.groups = groups;
+            P.capacity = TokenBudget::tokens(std::max<std::int64_t>(w, n / 2));
+            std::vector<std::vector<double>> pooled;
+            for (const auto& s : raw) pooled.push_back(reference::snapkv_pool(s, P.kernel, P.pooling));
+            const auto got = sc.snapkv_pooled_scores(qv, kv, P);
+            check_close(got, pooled, "snapkv pooled");
+            // The selection is the CPU's code on these scores.
+            REQUIRE(sc.snapkv_select(qv, kv, P).indices == snapkv_select_from_pooled(got, n, P).indices);
+        }
+    }
+    sc.fill_workspace(0xff);
+    check_close(sc.fastv_scores(qv, kv), reference::fastv_scores(qh, kh), "fastv");
+}
+
+}  // namespace
+
+TEST_CASE("cuda baselines: H2O, SnapKV and FastV scores against the reference", "[cuda][baselines]") {
+    cuda::BaselineScorer sc;
+    std::uint64_t seed = 20261123u;
+    for (std::int64_t n : {1, 37, 200, 777}) {
+        random_case<bfloat16>(n, 8, 2, 64, ++seed, sc);
+        random_case<vlsparse::half>(n, 4, 4, 128, ++seed, sc);
+        random_case<bfloat16>(n, 8, 1, 40, ++seed, sc);
+        random_case<float>(n, 4, 2, 32, ++seed, sc);
+    }
+    random_case<bfloat16>(150, 4, 2, 256, ++seed, sc);  // d = 256: CUDA cores
+}
+
+TEST_CASE("cuda baselines: the golden/baselines cases (scores and kept sets)", "[cuda][baselines][golden]") {
+    namespace fs = std::filesystem;
+    const char* env = std::getenv("VLSPARSE_GOLDEN_DIR");
+    const fs::path root = fs::path(env ? env : "golden") / "baselines";
+    REQUIRE(fs::is_directory(root));
+    cuda::BaselineScorer sc;
+    int checked = 0;
+    for (const auto& e : fs::directory_iterator(root)) {
+        if (!e.is_directory()) continue;
+        GoldenManifest m;
+        const auto c = golden::read_baselines_inputs(e.path(), &m);
+        if (c.baseline != "h2o" && c.baseline != "snapkv" && c.baseline != "fastv") continue;
+        INFO("case " << e.path().filename().string());
+        auto run = [&](auto tag) {
+            using T = decltype(tag);
+            const auto q = golden::detail::narrow<T>(c.q), k = golden::detail::narrow<T>(c.k);
+            cuda::DeviceArray<T> qd(q), kd(k);
+            const View3<const T> qv(qd.data(), {c.n, c.H, c.d}), kv(kd.data(), {c.n, c.Hkv, c.d});
+            auto out = [&](const char* name) { return read_tensor(e.path(), m.output(name)); };
+            auto rows = [&](const std::vector<double>& flat, std::int64_t G) {
+                std::vector<std::vector<double>> r(static_cast<std::size_t>(G));
+                const auto L = static_cast<std::int64_t>(flat.size()) / G;
+                for (std::int64_t g = 0; g < G; ++g) r[static_cast<std::size_t>(g)].assign(flat.begin() + g * L, flat.begin() + (g + 1) * L);
+                return r;
+            };
+            auto mask = [&](const TokenSelection& s, std::int64_t width) { return golden::detail::mask_of(s, width); };
+            if (c.baseline == "h2o") {
+                const H2OParams P = h2o_params_from_json(c.params, "params.");
+                const auto want = out("scores").template to_vector<double>();
+                const auto G = static_cast<std::int64_t>(want.size()) / c.n;
+                const auto got = sc.h2o_scores(qv, kv, P.groups);
+                check_close(got, rows(want, G), "h2o scores");
+                REQUIRE(mask(h2o_select_from_scores(got, P), c.n) == out("kept_mask").template to_vector<std::uint8_t>());
+                REQUIRE(sc.h2o_select(qv, kv, P).indices == h2o_select_from_scores(got, P).indices);
+            } else if (c.baseline == "snapkv") {
+                const SnapKVParams P = snapkv_params_from_json(c.params, "params.");
+                const auto raw = out("window_scores").template to_vector<double>();
+                const auto pooled = out("pooled").template to_vector<double>();
+                const auto G = static_cast<std::int64_t>(raw.size()) / (c.n - P.window);
+                check_close(sc.snapkv_window_scores(qv, kv, P.window, P.groups), rows(raw, G), "snapkv window");
+                const auto got = sc.snapkv_pooled_scores(qv, kv, P);
+                check_close(got, rows(pooled, G), "snapkv pooled");
+                REQUIRE(mask(sc.snapkv_select(qv, kv, P), c.n) == out("kept_mask").template to_vector<std::uint8_t>());
+            } else {
+                const FastVParams P = fastv_params_from_json(c.params, "params.");
+                check_close(sc.fastv_scores(qv, kv), out("scores").template to_vector<double>(), "fastv scores");
+                REQUIRE(mask(sc.fastv_select(qv, kv, c.layout, P), c.n) == out("sequence_mask").template to_vector<std::uint8_t>());
+            }
+            ++checked;
+        };
+        if (c.dtype == "fp32") run(float{});
+        else if (c.dtype == "fp16") run(vlsparse::half{});
+        else run(bfloat16{});
+    }
+    REQUIRE(checked >= 5);
+}
+
+TEST_CASE("cuda baselines: errors", "[cuda][baselines]") {
+    cuda::BaselineScorer sc;
+    const std::int64_t n = 64, H = 4, Hkv = 2, d = 64;
+    std::vector<bfloat16> q(static_cast<std::size_t>(n * H * d), bfloat16(0.5f)), k(static_cast<std::size_t>(n * Hkv * d), bfloat16(0.25f));
+    cuda::DeviceArray<bfloat16> qd(q), kd(k);
+    const View3<const bfloat16> qv(qd.data(), {n, H, d}), kv(kd.data(), {n, Hkv, d});
+    REQUIRE_NOTHROW(sc.fastv_scores(qv, kv));
+    REQUIRE_THROWS_WITH(sc.snapkv_window_scores(qv, kv, n + 1, BaselineGroups::kv_head), Contains("window"));
+    REQUIRE_THROWS_WITH(sc.h2o_scores(View3<const bfloat16>(nullptr, {n, H, d}), kv, BaselineGroups::layer), Contains("null"));
+    REQUIRE_THROWS(sc.h2o_scores(qv, View3<const bfloat16>(kd.data(), {n, 3, d}), BaselineGroups::layer));
+    std::vector<bfloat16> kn(k);
+    kn[5] = bfloat16(std::nanf(""));
+    cuda::DeviceArray<bfloat16> knd(kn);
+    REQUIRE_THROWS_WITH(sc.fastv_scores(qv, View3<const bfloat16>(knd.data(), {n, Hkv, d})), Contains("NaN or Inf"));
+    REQUIRE_NOTHROW(sc.fastv_scores(qv, kv));  // still usable
+}
