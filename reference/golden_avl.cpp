@@ -99,7 +99,7 @@ bool try_case(const fs::path& root, const CaseDef& def, std::uint64_t seed) {
     for (auto& out : outputs) {
         GoldenTensor t;
         t.name = out.name;
-        std::tie(t.metric, t.tol) = golden::avl_output_metric(out.name);
+        golden::avl_output_metric(out.name).apply(t);
         w.output(std::move(t), out.array);
     }
     w.finish(def.description + " Synthetic seed " + std::to_string(seed) + ".");

@@ -42,6 +42,7 @@ struct CaseDef {
     std::int64_t H = 0, Hkv = 0, d = 0;
     std::vector<std::int64_t> heads;
     std::int64_t agg_layers = 0, agg_heads = 0;  // aggregation tallies (random, seeded) when > 0
+    std::vector<std::int64_t> agg_counts;        // explicit tallies [agg_layers * agg_heads, 4] instead
     std::uint64_t seed = 1;
 };
 
@@ -74,7 +75,9 @@ void write_case(const fs::path& root, const CaseDef& def) {
         c.k = golden::round_to_dtype(def.dtype, L.k);
         c.v = golden::round_to_dtype(def.dtype, L.v);
     }
-    if (def.agg_layers > 0) {
+    if (!def.agg_counts.empty()) {
+        c.counts = def.agg_counts;
+    } else if (def.agg_layers > 0) {
         SplitMix64 rng(def.seed);
         for (std::int64_t i = 0; i < def.agg_layers * def.agg_heads; ++i) {
             // Tallies over 20 prompts, skewed so every branch of Algorithm 2 occurs.
@@ -121,7 +124,7 @@ void write_case(const fs::path& root, const CaseDef& def) {
         t.name = o.name;
         for (const auto& wh : what)
             if (o.name == wh[0]) t.description = wh[1];
-        std::tie(t.metric, t.tol) = golden::blindsight_output_metric(o.name);
+        golden::blindsight_output_metric(o.name).apply(t);
         w.output(std::move(t), o.array);
     }
     w.finish(def.description);
@@ -182,6 +185,26 @@ std::vector<CaseDef> blindsight_cases() {
         c.agg_layers = 6;
         c.agg_heads = 8;
         c.seed = 3;
+        cases.push_back(c);
+    }
+    {
+        CaseDef c = make_def("aggregation_thresholds",
+                             "Algorithm 2 with fractions exactly on gamma_c = 0.25, gamma_s = 0.6 and gamma_d = 0.6 "
+                             "(strict comparisons: a fraction equal to its gamma does not select the template) and "
+                             "just above them.",
+                             "text:2,image:4,text:1");
+        c.agg_layers = 1;
+        c.agg_heads = 8;
+        c.agg_counts = {
+            5,  15, 0,  0,  // Dense 5/20 = 0.25 (not > gamma_c), Sink 0.75 -> Sink
+            6,  14, 0,  0,  // Dense 0.3 -> Dense
+            0,  12, 8,  0,  // Sink 12/20 = 0.6 (not > gamma_s), Document 0.4 -> Document-Sink
+            0,  13, 7,  0,  // Sink 0.65 -> Sink
+            4,  4,  12, 0,  // Document 12/20 = 0.6 (not > gamma_d) -> Document-Sink
+            4,  3,  13, 0,  // Document 0.65 -> Document
+            1,  3,  0,  1,  // 5 prompts: Sink 3/5 = 0.6 -> Document-Sink
+            10, 24, 6,  0,  // 40 prompts: Dense 0.25 and Sink 0.6 exactly -> Document-Sink
+        };
         cases.push_back(c);
     }
     return cases;

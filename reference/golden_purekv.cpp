@@ -190,7 +190,7 @@ void write_case(const fs::path& root, const CaseDef& def) {
         t.name = o.name;
         for (const auto& entry : what)
             if (o.name == entry[0]) t.description = entry[1];
-        std::tie(t.metric, t.tol) = golden::purekv_output_metric(o.name);
+        golden::purekv_output_metric(o.name).apply(t);
         w.output(std::move(t), o.array);
     }
     w.finish(def.description);

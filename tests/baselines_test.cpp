@@ -722,7 +722,7 @@ void check_baselines_case(const std::filesystem::path& dir, const char* backend)
     GoldenManifest m;
     const auto inputs = golden::read_baselines_inputs(dir, &m);
     const auto outputs = golden::run_baselines_case<Backend>(inputs);
-    vt::check_golden_outputs(dir, m, outputs, golden::baselines_output_metric);
+    vt::check_golden_outputs(dir, m, outputs, golden::baselines_output_metric, vt::precision_of(backend));
 }
 
 }  // namespace

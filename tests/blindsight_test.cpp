@@ -140,8 +140,12 @@ TEST_CASE("blindsight: sinks by fraction (ceil) and by offsets", "[blindsight][m
     auto sinks = [&](const char* spec) { return make_mask_context(Layout::parse(spec), o).sink_pos; };
     REQUIRE(sinks("image:10") == std::vector<std::int64_t>{0});          // ceil(1.0) = 1, not 2
     REQUIRE(sinks("image:11") == std::vector<std::int64_t>{0, 1});       // ceil(1.1) = 2
-    REQUIRE(sinks("text:1,image:30").size() == 3);                       // ceil(3.0000000000000004) = 3
+    REQUIRE(sinks("text:1,image:30").size() == 3);                       // ceil(3.0) = 3
     REQUIRE(sinks("image:3") == std::vector<std::int64_t>{0});
+    o.sink_fraction = 0.07;
+    REQUIRE(0.07 * 100.0 > 7.0);                                          // 7.000000000000001 in double
+    REQUIRE(sinks("image:100").size() == 7);                              // the guard: not ceil(7.0...01) = 8
+    REQUIRE(sinks("image:101").size() == 8);                              // ceil(7.07) = 8
     o.sink_fraction = 1.0;
     REQUIRE(sinks("image:3,text:1") == std::vector<std::int64_t>{0, 1, 2});
     o.sink_offsets = {1, 4};
@@ -640,7 +644,8 @@ void check_golden_case(const std::filesystem::path& dir, const char* backend) {
     INFO("case " << dir.string() << ", backend " << backend);
     GoldenManifest m;
     const auto inputs = golden::read_blindsight_inputs(dir, &m);
-    vt::check_golden_outputs(dir, m, golden::run_blindsight_case<Backend>(inputs), golden::blindsight_output_metric);
+    vt::check_golden_outputs(dir, m, golden::run_blindsight_case<Backend>(inputs), golden::blindsight_output_metric,
+                            vt::precision_of(backend));
 }
 
 }  // namespace
@@ -651,6 +656,7 @@ TEST_CASE("golden blindsight: the suite covers the required cases", "[blindsight
     std::set<std::int64_t> image_counts;
     std::set<std::string> dtypes;
     bool offsets = false, bidir = false, gqa = false, aggregation = false, attention = false;
+    std::set<int> on_gamma;  // templates whose fraction sits exactly on its gamma in some tally (strict >)
     for (const auto& dir : all) {
         GoldenManifest m;
         const auto c = golden::read_blindsight_inputs(dir, &m);
@@ -659,6 +665,12 @@ TEST_CASE("golden blindsight: the suite covers the required cases", "[blindsight
         bidir |= c.params.mask.bidirectional_images;
         gqa |= c.H > c.Hkv && c.Hkv > 0;
         aggregation |= !c.counts.empty();
+        for (std::size_t i = 0; i + 4 <= c.counts.size(); i += 4) {
+            const double total = static_cast<double>(c.counts[i] + c.counts[i + 1] + c.counts[i + 2] + c.counts[i + 3]);
+            const double gamma[3] = {c.params.gamma_c, c.params.gamma_s, c.params.gamma_d};
+            for (int t = 0; t < 3; ++t)
+                if (static_cast<double>(c.counts[i + static_cast<std::size_t>(t)]) / total == gamma[t]) on_gamma.insert(t);
+        }
         attention |= !c.heads.empty();
         if (c.H > 0) dtypes.insert(c.dtype);
     }
@@ -667,6 +679,7 @@ TEST_CASE("golden blindsight: the suite covers the required cases", "[blindsight
     REQUIRE(image_counts.count(8));
     REQUIRE(dtypes == std::set<std::string>{"fp32", "bf16"});
     REQUIRE((offsets && bidir && gqa && aggregation && attention));
+    REQUIRE(on_gamma == std::set<int>{0, 1, 2});
 }
 
 TEST_CASE("golden blindsight: the reference reproduces every case", "[blindsight][golden]") {

@@ -479,6 +479,7 @@ vlsparse::GoldenManifest sample_manifest(const fs::path& dir) {
     o.name = "out";
     o.metric = "nmse";
     o.tol = 1e-10;
+    o.tols = {{"fp64", 1e-13}, {"fp32", 1e-10}, {"bf16", 1e-4}};
     const std::vector<float> od(8 * 2 * 4, 0.25f);
     vlsparse::write_tensor(dir, o, od, {8, 2, 4});
     m.outputs.push_back(o);
@@ -527,8 +528,14 @@ TEST_CASE("golden: write_tensor fills the entry; manifest round trip", "[io][gol
         CHECK(a.shape == b.shape);
         CHECK(a.metric == b.metric);
         CHECK(a.tol == b.tol);
+        CHECK(a.tols == b.tols);
         CHECK(a.description == b.description);
     }
+    CHECK(r.output("out").tol_for("fp64") == 1e-13);
+    CHECK(r.output("out").tol_for("bf16") == 1e-4);
+    CHECK(r.output("out").tol_for("fp16") == 1e-10);  // not listed: tol
+    CHECK(r.output("scores").tols.empty());
+    CHECK(r.output("scores").tol_for("fp64") == 1e-6);
     CHECK(r.inputs[0].description == "queries [n, H, d]");
     CHECK(r.inputs[0].metric.empty());
 
@@ -630,6 +637,17 @@ TEST_CASE("golden: manifest validation errors", "[io][golden]") {
     CHECK_THAT(with([](nlohmann::json& j) { j["inputs"][0]["tol"] = 0.5; }),
                Contains("inputs[0] has 'tol' but no 'metric'"));
     CHECK_THAT(with([](nlohmann::json& j) { j["inputs"][0] = 5; }), Contains("inputs[0] is an integer, expected an object"));
+    // Per-precision tolerances ("tols"): known precisions, numbers >= 0, only beside a numeric metric.
+    CHECK(with([](nlohmann::json& j) { j["outputs"][1]["tols"] = {{"fp64", 1e-12}, {"fp32", 1e-6}}; }).empty());
+    CHECK_THAT(with([](nlohmann::json& j) { j["outputs"][1]["tols"] = {{"fp8", 1e-1}}; }),
+               Contains("outputs[1] ('scores') has a tolerance for precision 'fp8', expected fp64, fp32, fp16 or bf16"));
+    CHECK_THAT(with([](nlohmann::json& j) { j["outputs"][1]["tols"] = {{"fp64", -1.0}}; }), Contains("has tols.fp64 = -1"));
+    CHECK_THAT(with([](nlohmann::json& j) { j["outputs"][1]["tols"] = {{"fp64", "1e-12"}}; }),
+               Contains("key 'tols' of outputs[1] is a string, expected an object of numbers"));
+    CHECK_THAT(with([](nlohmann::json& j) { j["outputs"][1]["tols"] = 1e-12; }),
+               Contains("key 'tols' of outputs[1] is a number, expected an object of numbers"));
+    CHECK_THAT(with([](nlohmann::json& j) { j["outputs"][0]["tols"] = {{"fp64", 0.0}}; }),
+               Contains("outputs[0] ('indices') has 'tols' but metric 'exact'"));
 
     std::ofstream(dir / "manifest.json") << "{\"algorithm\": \"zipvl\",";
     CHECK_THAT(error_of([&] { (void)vlsparse::read_manifest(dir.path); }), Contains(mf + ": invalid JSON"));

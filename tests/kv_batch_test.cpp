@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -497,4 +498,54 @@ TEST_CASE("reference kv_batch: bad input is a clear error and changes nothing", 
     CHECK(v == v0);
     CHECK(lens == lens0);
     CHECK(table == table0);
+}
+
+// Found by tests/fuzz (kv_batch): the checks' own arithmetic overflowed int64 (undefined behaviour,
+// flagged by UBSan) on hostile sizes and strides, and int32 indptr entries far apart overflowed int.
+// Each is now a clear error. The views only describe: no K/V memory is needed to check them.
+TEST_CASE("kv_batch checks: sizes and strides whose spans exceed int64 are errors, not overflows",
+          "[kv][kv_batch][errors]") {
+    float dummy = 0;
+    const std::int32_t table[2] = {0, 0};
+    std::vector<std::int32_t> lens{4};
+    const DecodeBatchHost meta{lens, {}, {}, 1};
+    auto check = [&](const KvBatchView<const float>& c) { detail::check_kv_batch(c, meta, c.n_kv_heads, "check"); };
+    auto paged = [&](std::int64_t page_size, std::int64_t page_stride, std::int64_t row_stride, std::int64_t head_stride,
+                     std::int32_t Hkv, std::int64_t n_pages, std::int64_t table_stride) {
+        return KvBatchView<const float>{&dummy, &dummy, 1, Hkv, 2, page_size, page_stride, row_stride, head_stride,
+                                        n_pages, table, table_stride, lens.data()};
+    };
+    // One page's rows: (page_size - 1) x row_stride (3 x 8174439530702664188, what the fuzzer found).
+    CHECK_THAT(error_of([&] { check(paged(4, 8, 8174439530702664188, 2, 1, 1, 1)); }),
+               Contains("make one page span more than 2^63 elements"));
+    // One row's heads: (H_kv - 1) x head_stride.
+    CHECK_THAT(error_of([&] { check(paged(1, 8, 0, std::int64_t{1} << 62, 3, 1, 4)); }),
+               Contains("make one page span more than 2^63 elements"));
+    // The pool: (n_pages - 1) x page_stride.
+    CHECK_THAT(error_of([&] { check(paged(4, std::int64_t{1} << 62, 2, 0, 1, 3, 1)); }),
+               Contains("page_stride = 4611686018427387904 x 3 pages span more than 2^63 elements"));
+    // Rows per sequence: block_table_stride x page_size.
+    CHECK_THAT(error_of([&] { check(paged(std::int64_t{1} << 40, std::int64_t{1} << 41, 2, 0, 1, 1, std::int64_t{1} << 30)); }),
+               Contains("rows per sequence exceed int64"));
+    // The same sizes that fit are fine, and kv_batch_extent is the pool's span.
+    const auto ok = paged(4, 8, 2, 0, 1, 3, 1);
+    CHECK(error_of([&] { check(ok); }).empty());
+    CHECK(detail::kv_batch_extent(ok) == 2 * 8 + 3 * 2 + 2);
+}
+
+TEST_CASE("kv_batch checks: indptr entries far apart are errors, not int overflows", "[kv][kv_batch][errors]") {
+    std::vector<float> kv(2 * 4 * 2);
+    std::vector<std::int32_t> lens{4, 4};
+    const auto c = contiguous_kv_batch<const float>(kv.data(), kv.data(), 2, 4, 1, 2, lens.data());
+    // q_len of sequence 1 = q_indptr[2] - q_indptr[1] = INT32_MIN - 1: below INT_MIN in int.
+    const std::vector<std::int32_t> q_indptr{0, 1, std::numeric_limits<std::int32_t>::min()};
+    CHECK_THAT(error_of([&] { detail::check_kv_batch(c, DecodeBatchHost{lens, q_indptr, {}, 1}, 1, "check"); }),
+               Contains("sequence 1 has q_len = -2147483649"));
+    // A list's length = list_indptr[2] - list_indptr[1] = INT32_MIN - 4.
+    const std::vector<std::int32_t> list_indptr{0, 4, std::numeric_limits<std::int32_t>::min()};
+    CHECK_THAT(error_of([&] { detail::check_kv_batch(c, DecodeBatchHost{lens, {}, list_indptr, 1}, 1, "check"); }),
+               Contains("list 0 of sequence 1 has -2147483652 entries"));
+    const DecodeBatchHost meta{lens, q_indptr, list_indptr, 1};
+    CHECK(meta.q_len(1) == -2147483649LL);
+    CHECK(meta.list_len(1, 0) == -2147483652LL);
 }

@@ -789,7 +789,8 @@ void check_golden(const std::filesystem::path& dir, const char* backend) {
     INFO("case " << dir.string() << ", backend " << backend);
     GoldenManifest m;
     const auto c = golden::read_purekv_inputs(dir, &m);
-    vt::check_golden_outputs(dir, m, golden::run_purekv_case<Estimator>(c), golden::purekv_output_metric);
+    vt::check_golden_outputs(dir, m, golden::run_purekv_case<Estimator>(c), golden::purekv_output_metric,
+                            vt::precision_of(backend));
 }
 }  // namespace
 

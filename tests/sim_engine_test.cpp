@@ -1100,3 +1100,73 @@ TEST_CASE("sim golden verify: a correct copy passes, a corrupted copy names the 
     CHECK(run_args({"golden", "verify", (d / "nothing").string(), "--golden", golden_root().string()}) == 2);
     fs::remove_all(d);
 }
+
+TEST_CASE("sim golden verify: --golden names one case; an unnamed folder is matched by its outputs or told to name it",
+          "[sim][golden]") {
+    namespace sd = vlsparse::sim::detail;
+    const fs::path d = temp_dir("golden_case");
+    // A port's outputs of one case, in a folder not named like it and without manifest.json.
+    auto port_of = [&](const fs::path& golden_case, const std::string& folder) {
+        const fs::path p = d / folder;
+        fs::create_directories(p);
+        for (const auto& e : fs::directory_iterator(golden_case))
+            if (e.path().extension() == ".npy") fs::copy_file(e.path(), p / e.path().filename());
+        return p;
+    };
+    const fs::path src = golden_root() / "zipvl" / "mha_fp32_layer";
+    REQUIRE(fs::is_directory(src));
+    const fs::path port = port_of(src, "my_port_outputs");
+
+    // The documented form: --golden golden/<algorithm>/<case>, whatever the folder is called.
+    const GoldenVerifyResult one = golden_verify(port, src);
+    REQUIRE(one.cases.size() == 1);
+    CHECK(one.cases[0].algorithm == "zipvl");
+    CHECK(one.cases[0].case_name == "mha_fp32_layer");
+    CHECK(one.pass());
+
+    // Against the whole golden tree, by file names: a case that alone has all its outputs there and
+    // accounts for every file (outputs and inputs) is found; files that fit several cases give an
+    // error listing them and saying how to name the case (nothing is guessed). Which holds for a case
+    // depends on the golden files, so the expectation is computed from them.
+    std::size_t found = 0, ambiguous = 0;
+    for (const auto& algo : fs::directory_iterator(golden_root())) {
+        if (!algo.is_directory()) continue;
+        for (const auto& c : fs::directory_iterator(algo.path())) {
+            if (!fs::exists(c.path() / "manifest.json")) continue;
+            const fs::path p = port_of(c.path(), "unnamed_" + algo.path().filename().string() + "_" +
+                                                     c.path().filename().string());
+            const auto fits = sd::cases_with_outputs_in(p, golden_root());
+            std::size_t exact = 0;
+            for (const auto& f : fits) exact += f.exact ? 1 : 0;
+            const GoldenVerifyResult r = golden_verify(p, golden_root());
+            REQUIRE(r.cases.size() == 1);
+            INFO(c.path().string() << ": " << r.cases[0].error);
+            if (exact == 1 || (exact == 0 && fits.size() == 1)) {
+                CHECK(r.cases[0].golden_dir == c.path());
+                CHECK(r.pass());
+                ++found;
+            } else {
+                CHECK_FALSE(r.pass());
+                CHECK(r.cases[0].error.find("--golden") != std::string::npos);
+                ++ambiguous;
+            }
+        }
+    }
+    CHECK(found >= 1);  // e.g. zipvl/mha_fp32_layer: the only case with all of its outputs
+    CHECK(found + ambiguous >= 5);
+    const GoldenVerifyResult by_names = golden_verify(port, golden_root());
+    REQUIRE(by_names.cases.size() == 1);
+    CHECK(by_names.cases[0].case_name == "mha_fp32_layer");
+    CHECK(by_names.pass());
+
+    // The command: exit 0 with --golden naming the case.
+    auto run_args = [](std::vector<std::string> a) {
+        std::vector<char*> argv;
+        std::string prog = "vlsparse-sim";
+        argv.push_back(prog.data());
+        for (auto& s : a) argv.push_back(s.data());
+        return sim_main(static_cast<int>(argv.size()), argv.data());
+    };
+    CHECK(run_args({"golden", "verify", port.string(), "--golden", src.string()}) == 0);
+    fs::remove_all(d);
+}

@@ -239,6 +239,16 @@ TEST_CASE("safetensors: malformed files are rejected naming the file and the pro
     CHECK_THAT(err(raw_safetensors(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
                                    std::string(8, '\0'))),
                Contains("overlap"));
+    // Found by tests/fuzz (safetensors): an empty tensor sorted between two overlapping ones hid the
+    // overlap, since only neighbours in offset order were compared.
+    CHECK_THAT(err(raw_safetensors(R"({"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]},"b":{"dtype":"U8","shape":[0],"data_offsets":[4,4]},)"
+                                   R"("c":{"dtype":"U8","shape":[8],"data_offsets":[4,12]}})",
+                                   std::string(12, '\0'))),
+               Contains("tensors 'a' and 'c' overlap in the data section"));
+    CHECK_THAT(err(raw_safetensors(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[0],"data_offsets":[2,2]},)"
+                                   R"("c":{"dtype":"U8","shape":[0],"data_offsets":[4,4]},"d":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})",
+                                   std::string(8, '\0'))),
+               Equals(std::string()));  // empty tensors anywhere, touching ranges: fine
     CHECK_THAT(err(raw_safetensors(R"({"__metadata__":{"k":3}})", "")), Contains("__metadata__ 'k' is not a string"));
     CHECK_THAT(error_of([&] { SafetensorsFile f(tmp.path / "none.safetensors"); }), Contains("none.safetensors': no such file"));
     CHECK_THAT(error_of([&] { SafetensorsFile f(tmp.path); }), Contains("is a directory"));

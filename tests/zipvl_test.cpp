@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <set>
 
 #include <vlsparse/policies/zipvl.hpp>
@@ -261,6 +262,21 @@ TEST_CASE("zipvl: probes", "[zipvl]") {
         const auto a = zipvl_probes(1000, 0, P);  // ceil(50) + ceil(50)
         REQUIRE(a.size() == 100);
         REQUIRE(a.back() == 999);
+    }
+    SECTION("ratio form: a product that is an integer is not rounded up") {
+        // 0.07 * 100 = 7.000000000000001 in double; a plain ceil gives 8 + 8 probes.
+        P.probe_mode = ZipVLProbes::ratios;
+        P.probe_recent_ratio = 0.07;
+        P.probe_random_ratio = 0.07;
+        REQUIRE(0.07 * 100.0 > 7.0);
+        const auto a = zipvl_probes(100, 0, P);
+        REQUIRE(a.size() == 14);
+        std::vector<std::int64_t> tail(7);
+        std::iota(tail.begin(), tail.end(), std::int64_t{93});
+        REQUIRE(std::vector<std::int64_t>(a.end() - 7, a.end()) == tail);
+        REQUIRE(std::vector<std::int64_t>(a.begin(), a.begin() + 7) == sample_without_replacement(93, 7, P.seed));
+        // A product really above an integer still rounds up: 0.07 * 101 = 7.07 -> 8 + 8.
+        REQUIRE(zipvl_probes(101, 0, P).size() == 16);
     }
     SECTION("recent = 0 still probes the last token") {
         P.probe_recent = 0;

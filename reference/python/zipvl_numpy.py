@@ -41,11 +41,17 @@ def sample_without_replacement(n, k, seed):
     return sorted(a[:k])
 
 
+def ratio_count(ratio, n):
+    """ceil(ratio * n), guarded so that a product that is an integer (0.07 * 100 = 7.000000000000001) stays it."""
+    x = ratio * n
+    return math.ceil(x - 1e-9 * max(1.0, x))
+
+
 def probes(n, layer, p):
     recent, random = p["probe_recent"], p["probe_random"]
     if p["probe_mode"] == "ratios":
-        recent = math.ceil(p["probe_recent_ratio"] * n)
-        random = math.ceil(p["probe_random_ratio"] * n)
+        recent = ratio_count(p["probe_recent_ratio"], n)
+        random = ratio_count(p["probe_random_ratio"], n)
     if n <= recent + random:
         return list(range(n))
     recent = max(recent, 1)
@@ -104,13 +110,14 @@ def main(argv):
     n, H, d = q.shape
     Hkv = k.shape[1]
     qpk = H // Hkv
-    scale = P["scale"] if P["scale"] > 0 else 1.0 / math.sqrt(d)
+    # The default scale is 1/sqrt(d) rounded to fp32 (the Params field is a float), then used in double.
+    scale = P["scale"] if P["scale"] > 0 else float(np.float32(1.0 / math.sqrt(d)))
     G = 1 if P["grouping"] == "layer" else Hkv
     hpg = H // G
     save = lambda name, a: np.save(out_dir / (name + ".npy"), a)
 
     dense = layer < P["dense_layers"]
-    if dense:
+    if dense:  # no probes, no scores, p = n per group, everything kept, dense prefill
         prb, acc, nrm, p = [], np.zeros((0, n)), np.zeros((0, n)), np.full(G, n, dtype=np.int64)
         kept = [np.arange(n)]
     else:
@@ -154,6 +161,8 @@ def main(argv):
     for h in range(H):
         t = kept[0] if len(kept) == 1 else kept[h // qpk]
         g = h // qpk
+        # attend_selected: every row attends to the kept keys at or before it; a row before the first
+        # kept key sees none and is zero (as are the rows outside t with unselected = zero).
         rows = np.arange(n) if (dense or P["unselected"] == "attend_selected") else t
         out[rows, h] = attend(q[rows, h], k[t, g], v[t, g], rows, t, scale)
     save("prefill_out", out.astype(np.float32))

@@ -13,9 +13,14 @@
 // A row whose fp32 scores or output overflow (possible only with finite inputs near the float range)
 // is recomputed in double, so no input gives a silently wrong answer.
 //
-// This header also holds the block engine shared by sparse.hpp, probe.hpp and decode.hpp.
+// This header also holds the block engine shared by sparse.hpp, probe.hpp and masked.hpp; the helpers
+// the decode engines share with it (threads, errors, double fallback, finite checks) are in
+// detail/simd_common.hpp, which needs no Eigen.
 // Include: <vlsparse/vlsparse.hpp> (or this header alone).
 #pragma once
+
+#include "vlsparse/core/config.hpp"
+VLSPARSE_GCC12_AVX512_DIAGNOSTICS_BEGIN
 
 #include <algorithm>
 #include <cmath>
@@ -29,13 +34,10 @@
 
 #include <Eigen/Core>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "vlsparse/attention/common.hpp"
 #include "vlsparse/core/selection.hpp"
 #include "vlsparse/detail/check.hpp"
+#include "vlsparse/detail/simd_common.hpp"
 #include "vlsparse/detail/simd_kernels.hpp"
 
 // Query rows per block (rows of one GEMM) and keys per chunk of the online softmax; consumers may
@@ -50,12 +52,6 @@
 #endif
 #ifndef VLSPARSE_SIMD_K_CHUNK
 #define VLSPARSE_SIMD_K_CHUNK 256
-#endif
-
-#ifdef _OPENMP
-#define VLSPARSE_OMP(x) _Pragma(#x)
-#else
-#define VLSPARSE_OMP(x)
 #endif
 
 namespace vlsparse::simd {
@@ -79,13 +75,6 @@ struct Blocking {
     std::int64_t k_chunk = kKChunk;  // keys per chunk of the online softmax
 };
 
-inline int max_threads() {
-#ifdef _OPENMP
-    return std::max(1, omp_get_max_threads());
-#else
-    return 1;
-#endif
-}
 // Rows per block for n_rows rows of `group` query heads on `threads` threads: q_block, or fewer (not
 // below 16) when there would be fewer blocks than threads (short inputs, few kept tokens, few heads).
 inline std::int64_t rows_per_block(std::int64_t q_block, std::int64_t n_rows, std::int64_t group, int threads) {
@@ -94,35 +83,6 @@ inline std::int64_t rows_per_block(std::int64_t q_block, std::int64_t n_rows, st
     if (blocks_wanted > 1 && n_rows > 0) b = std::min(b, std::max<std::int64_t>(16, (n_rows + blocks_wanted - 1) / blocks_wanted));
     return b;
 }
-inline int thread_id() {
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
-}
-
-// The first exception thrown inside a parallel region, rethrown after it (exceptions must not cross
-// an OpenMP region or work-sharing loop).
-class ErrorSlot {
-public:
-    template <class F>
-    void run(F&& f) noexcept {
-        try {
-            f();
-        } catch (...) {
-            VLSPARSE_OMP(omp critical(vlsparse_simd_error))
-            if (!err_) err_ = std::current_exception();
-        }
-    }
-    void rethrow() const {
-        if (err_) std::rethrow_exception(err_);
-    }
-
-private:
-    std::exception_ptr err_;
-};
-
 // Packed fp32 keys and values of one KV head: row t at k + t * ldk (unit inner stride).
 struct KeySet {
     const float* k = nullptr;
@@ -170,56 +130,6 @@ template <class T>
 const float* in_place_rows(const View3<const T>& x, std::int64_t g) {
     if constexpr (std::is_same_v<std::remove_const_t<T>, float>) return x.row(0, g);
     else return nullptr;
-}
-
-// Store a float row (length d) into an output row with element stride `stride`.
-template <class TO>
-void store_row(TO* dst, std::int64_t stride, const float* src, std::int64_t d) {
-    if constexpr (std::is_same_v<TO, float>) {
-        if (stride == 1) {
-            std::memcpy(dst, src, static_cast<std::size_t>(d) * sizeof(float));
-            return;
-        }
-    }
-    for (std::int64_t c = 0; c < d; ++c) store(dst[c * stride], src[c]);
-}
-template <class TO>
-void zero_row(TO* dst, std::int64_t stride, std::int64_t d) {
-    for (std::int64_t c = 0; c < d; ++c) store(dst[c * stride], 0.0f);
-}
-
-// Double-precision softmax attention of one query row over keys[0:count) (identity when keys is null)
-// of KV head g: the fallback for rows whose fp32 computation overflowed (and the twin of the
-// reference's row kernel). probs gets the probabilities; o (length d, may be null) the output.
-template <class TQ, class TK>
-void attend_row_double(const TQ* q, std::int64_t q_stride, const View3<const TK>& k, const View3<const TK>& v,
-                       std::int64_t g, const std::int64_t* keys, std::int64_t count, double scale,
-                       std::vector<double>& probs, double* o) {
-    const std::int64_t d = k.shape[2];
-    probs.assign(static_cast<std::size_t>(count), 0.0);
-    if (o) std::fill(o, o + d, 0.0);
-    if (count == 0) return;
-    double mx = -std::numeric_limits<double>::infinity();
-    for (std::int64_t t = 0; t < count; ++t) {
-        const auto* kr = k.row(keys ? keys[t] : t, g);
-        double s = 0.0;
-        for (std::int64_t c = 0; c < d; ++c)
-            s += static_cast<double>(to_float(q[c * q_stride])) * static_cast<double>(to_float(kr[c * k.stride[2]]));
-        probs[static_cast<std::size_t>(t)] = s * scale;
-        mx = std::max(mx, probs[static_cast<std::size_t>(t)]);
-    }
-    double sum = 0.0;
-    for (auto& p : probs) {
-        p = std::exp(p - mx);
-        sum += p;
-    }
-    for (auto& p : probs) p /= sum;
-    if (!o) return;
-    for (std::int64_t t = 0; t < count; ++t) {
-        const auto* vr = v.row(keys ? keys[t] : t, g);
-        for (std::int64_t c = 0; c < d; ++c)
-            o[c] += probs[static_cast<std::size_t>(t)] * static_cast<double>(to_float(vr[c * v.stride[2]]));
-    }
 }
 
 // Widen rows keys[t0:t1) (identity when keys is null) of KV head g of x into dst (row t at dst + t*d).
@@ -450,57 +360,6 @@ void run_attention(const View3<const TQ>& q, const View3<const TK>& k, const Vie
     err.rethrow();
 }
 
-// True when every element of x is finite: the all_finite kernel on contiguous fp32 rows, a test of
-// the exponent bits otherwise; several times faster than the exact check, which runs only when
-// this finds something (so the error names the element exactly as the reference's does).
-template <class T>
-bool all_finite_fast(const View3<const T>& x) {
-    using U = std::remove_const_t<T>;
-    if constexpr (std::is_same_v<U, float>) {
-        if (x.stride[2] == 1) {
-            for (std::int64_t i = 0; i < x.shape[0]; ++i)
-                for (std::int64_t j = 0; j < x.shape[1]; ++j)
-                    if (!Kernels<native_arch>::all_finite(x.row(i, j), x.shape[2])) return false;
-            return true;
-        }
-    }
-    constexpr std::uint32_t mask = std::is_same_v<U, float> ? 0x7F800000u : std::is_same_v<U, half> ? 0x7C00u : 0x7F80u;
-    auto bits = [](const U& e) -> std::uint32_t {
-        if constexpr (std::is_same_v<U, float>) {
-            std::uint32_t u;
-            std::memcpy(&u, &e, sizeof u);
-            return u;
-        } else {
-            return e.bits;
-        }
-    };
-    const std::int64_t d = x.shape[2], s = x.stride[2];
-    for (std::int64_t i = 0; i < x.shape[0]; ++i)
-        for (std::int64_t j = 0; j < x.shape[1]; ++j) {
-            const T* row = x.row(i, j);
-            std::uint32_t bad = 0;
-            if (s == 1) {
-                for (std::int64_t c = 0; c < d; ++c) bad |= static_cast<std::uint32_t>((bits(row[c]) & mask) == mask);
-            } else {
-                for (std::int64_t c = 0; c < d; ++c) bad |= static_cast<std::uint32_t>((bits(row[c * s]) & mask) == mask);
-            }
-            if (bad) return false;
-        }
-    return true;
-}
-
-template <class T>
-void check_finite_fast(const View3<const T>& x, const char* fn, const char* name) {
-    if (!all_finite_fast(x)) check_finite(x, fn, name);
-}
-
-template <class TQ, class TK>
-void check_all_finite(const View3<const TQ>& q, const View3<const TK>& k, const View3<const TK>& v, const char* fn) {
-    check_finite_fast(q, fn, "q");
-    check_finite_fast(k, fn, "k");
-    check_finite_fast(v, fn, "v");
-}
-
 }  // namespace detail
 
 // Dense causal attention. q [n_q, H, d], k, v [n_k, H_kv, d], out [n_q, H, d]; n_q <= n_k.
@@ -521,3 +380,5 @@ void dense_attention(View3<const TQ> q, View3<const TK> k, View3<const TK> v, Vi
 }
 
 }  // namespace vlsparse::simd
+
+VLSPARSE_GCC12_AVX512_DIAGNOSTICS_END

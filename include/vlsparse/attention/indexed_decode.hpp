@@ -15,8 +15,9 @@
 #pragma once
 
 #include "vlsparse/attention/cache_rows.hpp"
-#include "vlsparse/attention/dense.hpp"
+#include "vlsparse/attention/common.hpp"
 #include "vlsparse/detail/group_kernels.hpp"
+#include "vlsparse/detail/simd_common.hpp"
 #include "vlsparse/kv/kv_cache.hpp"
 
 #ifndef VLSPARSE_SIMD_DECODE_CHUNK

@@ -29,6 +29,9 @@
 // Same semantics as vlsparse::reference::masked_attention. Include: <vlsparse/attention/masked.hpp>
 #pragma once
 
+#include "vlsparse/core/config.hpp"
+VLSPARSE_GCC12_AVX512_DIAGNOSTICS_BEGIN
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -812,3 +815,5 @@ void masked_attention(View3<const TQ> q, View3<const TK> k, View3<const TK> v, c
 
 }  // namespace simd
 }  // namespace vlsparse
+
+VLSPARSE_GCC12_AVX512_DIAGNOSTICS_END

@@ -273,11 +273,21 @@ inline std::string Layout::to_string() const {
         if (!out.empty()) out += ',';
         out += segment_kind_name(s.kind);
         out += ':';
-        if (s.kind == SegmentKind::video)
-            out += std::to_string(s.frames) + "x" + std::to_string(s.tokens_per_frame);
-        else
+        // Appends only: `std::to_string(a) + "x" + ...` draws a -Wrestrict false positive from GCC 12 at -O3.
+        if (s.kind == SegmentKind::video) {
+            out += std::to_string(s.frames);
+            out += 'x';
+            out += std::to_string(s.tokens_per_frame);
+        } else {
             out += std::to_string(s.length);
-        if (s.grid_h || s.grid_w) out += "[" + std::to_string(s.grid_h) + "x" + std::to_string(s.grid_w) + "]";
+        }
+        if (s.grid_h || s.grid_w) {
+            out += '[';
+            out += std::to_string(s.grid_h);
+            out += 'x';
+            out += std::to_string(s.grid_w);
+            out += ']';
+        }
     }
     return out;
 }

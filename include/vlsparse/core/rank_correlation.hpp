@@ -65,7 +65,7 @@ inline double regularized_incomplete_beta(double a, double b, double x) {
     if (x == 1.0) return 1.0;
     // Continued fraction for I_x(a, b): prefactor x^a (1-x)^b / (a B(a, b)) times 1 / (1 + d1 / (1 + d2 / ...)),
     //   d_{2m+1} = -(a + m)(a + b + m) x / ((a + 2m)(a + 2m + 1)),  d_{2m} = m (b - m) x / ((a + 2m - 1)(a + 2m)).
-    auto fraction = [fn](double a_, double b_, double x_) {
+    auto fraction = [&](double a_, double b_, double x_) {
         constexpr double tiny = 1e-300, eps = 1e-16;
         // Lentz: f = b0 + a1 / (b1 + a2 / (b2 + ...)) with b0 = 0, every b_j = 1, a1 = 1, a_{j+1} = d_j.
         double f = tiny, c = tiny, d = 0.0;

@@ -26,6 +26,11 @@
 
 namespace vlsparse {
 
+namespace detail {
+// The 128-bit product of below(); __extension__ keeps -Wpedantic quiet about the GCC / Clang type.
+__extension__ typedef unsigned __int128 uint128;
+}  // namespace detail
+
 class SplitMix64 {
 public:
     explicit SplitMix64(std::uint64_t seed) : state_(seed) {}
@@ -41,7 +46,7 @@ public:
     // Uniform integer in [0, m); m >= 1.
     std::uint64_t below(std::uint64_t m) {
         detail::require(m >= 1, "SplitMix64::below", "m = ", m, ", expected m >= 1");
-        return static_cast<std::uint64_t>((static_cast<unsigned __int128>(next()) * m) >> 64);
+        return static_cast<std::uint64_t>((static_cast<detail::uint128>(next()) * m) >> 64);
     }
 
     // Uniform double in [0, 1) with 53 random bits: (next() >> 11) * 2^-53.

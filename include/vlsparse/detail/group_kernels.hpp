@@ -14,6 +14,9 @@
 // of the additions differs from a plain loop. Include: internal (attention/indexed_decode.hpp).
 #pragma once
 
+#include "vlsparse/core/config.hpp"
+VLSPARSE_GCC12_AVX512_DIAGNOSTICS_BEGIN
+
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -240,3 +243,5 @@ struct GroupKernels<scalar_arch> {
 };
 
 }  // namespace vlsparse::detail
+
+VLSPARSE_GCC12_AVX512_DIAGNOSTICS_END

@@ -20,6 +20,9 @@
 // float buffer (exact conversions). Include: internal; the attention headers include it.
 #pragma once
 
+#include "vlsparse/core/config.hpp"
+VLSPARSE_GCC12_AVX512_DIAGNOSTICS_BEGIN
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -360,3 +363,5 @@ inline void widen_row(T* src, std::int64_t stride, float* dst, std::int64_t n)
 }
 
 }  // namespace vlsparse::detail
+
+VLSPARSE_GCC12_AVX512_DIAGNOSTICS_END

@@ -17,7 +17,7 @@
 
 #include "vlsparse/core/model_shape.hpp"
 #include "vlsparse/io/params_json.hpp"
-#include "vlsparse/policies/blindsight.hpp"
+#include "vlsparse/policies/blindsight_params.hpp"
 
 namespace vlsparse {
 

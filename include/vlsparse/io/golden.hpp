@@ -7,6 +7,8 @@
 //   rel     max|got - expected| / max|expected| <= tol   (scores)
 //   abs     max|got - expected| <= tol
 //   nmse    ||got - expected||^2 / ||expected||^2 <= tol (attention outputs; both zero passes)
+// `tol` is the bar for a port computing in fp32; an optional "tols" object gives the tolerance by the
+// port's arithmetic precision ("fp64", "fp32", "fp16", "bf16"), and tol_for(precision) picks it.
 // dtype names: fp32 fp64 fp16 bf16 int64 int32 uint8 bool (.npy descr <f4 <f8 <f2 <u2 <i8 <i4 |u1 |b1;
 // bf16 is stored as raw uint16 bits, see npy.hpp).
 //
@@ -27,6 +29,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -45,8 +48,16 @@ struct GoldenTensor {
     std::string dtype;        // fp32 | fp64 | fp16 | bf16 | int64 | int32 | uint8 | bool
     std::vector<std::int64_t> shape;
     std::string metric;       // exact | rel | nmse | abs; required for outputs, optional ("") for inputs
-    double tol = 0;           // tolerance of rel/abs/nmse (ignored by exact)
+    double tol = 0;           // tolerance of rel/abs/nmse (ignored by exact); the bar for fp32 arithmetic
+    // Optional: the tolerance by the arithmetic precision of the port (keys fp64, fp32, fp16, bf16;
+    // JSON "tols"). A precision not listed uses `tol`.
+    std::map<std::string, double> tols;
     std::string description;  // optional, free text
+
+    double tol_for(std::string_view precision) const {
+        const auto it = tols.find(std::string(precision));
+        return it == tols.end() ? tol : it->second;
+    }
 };
 
 struct GoldenManifest {
@@ -111,6 +122,8 @@ concept GoldenElement = (std::is_same_v<std::remove_const_t<T>, float> || std::i
                          std::is_same_v<std::remove_const_t<T>, bool>);
 
 inline bool is_golden_metric(std::string_view m) { return m == "exact" || m == "rel" || m == "abs" || m == "nmse"; }
+// The arithmetic precisions a tensor's "tols" may name.
+inline bool is_golden_precision(std::string_view p) { return p == "fp64" || p == "fp32" || p == "fp16" || p == "bf16"; }
 
 namespace detail {
 
@@ -144,6 +157,14 @@ inline void validate_golden_tensor(const GoldenTensor& t, bool is_output, const 
                 ", expected exact, rel, nmse or abs");
     require(std::isfinite(t.tol) && t.tol >= 0, fn, file, ": ", where, " has tol = ", t.tol,
             ", expected a finite tolerance >= 0");
+    require(t.tols.empty() || (!t.metric.empty() && t.metric != "exact"), fn, file, ": ", where,
+            " has 'tols' but metric '", t.metric, "', expected rel, nmse or abs");
+    for (const auto& [p, v] : t.tols) {
+        require(is_golden_precision(p), fn, file, ": ", where, " has a tolerance for precision '", p,
+                "', expected fp64, fp32, fp16 or bf16");
+        require(std::isfinite(v) && v >= 0, fn, file, ": ", where, " has tols.", p, " = ", v,
+                ", expected a finite tolerance >= 0");
+    }
 }
 
 inline void validate_golden_manifest(const GoldenManifest& m, const char* fn, const std::string& file) {
@@ -200,6 +221,16 @@ public:
             out = v->get<double>();
         }
     }
+    void numbers(const char* key, std::map<std::string, double>& out) {
+        if (const auto* v = get(key, false)) {
+            if (!v->is_object()) wrong(key, *v, "an object of numbers");
+            out.clear();
+            for (auto it = v->begin(); it != v->end(); ++it) {
+                if (!it->is_number()) wrong(key, *it, "an object of numbers (a value is not a number)");
+                out[it.key()] = it->get<double>();
+            }
+        }
+    }
     void shape(const char* key, std::vector<std::int64_t>& out) {
         const auto* v = get(key, true);
         if (!v->is_array()) wrong(key, *v, "an array of integers");
@@ -232,6 +263,7 @@ inline GoldenTensor golden_tensor_from_json(const nlohmann::json& j, const std::
     r.string("metric", t.metric, false);
     const bool has_tol = r.get("tol", false) != nullptr;
     r.number("tol", t.tol, false);
+    r.numbers("tols", t.tols);
     r.string("description", t.description, false);
     r.no_unknown_keys();
     require(!has_tol || !t.metric.empty(), "read_manifest", file, ": ", where, " has 'tol' but no 'metric'");
@@ -249,6 +281,10 @@ inline nlohmann::ordered_json golden_tensor_to_json(const GoldenTensor& t) {
     if (!t.metric.empty()) {
         j["metric"] = t.metric;
         j["tol"] = t.tol;
+        if (!t.tols.empty()) {
+            j["tols"] = nlohmann::ordered_json::object();
+            for (const auto& [p, v] : t.tols) j["tols"][p] = v;
+        }
     }
     if (!t.description.empty()) j["description"] = t.description;
     return j;

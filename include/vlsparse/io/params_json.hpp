@@ -95,11 +95,20 @@ inline constexpr std::pair<ZipVLProbes, const char*> kProbeNames[] = {{ZipVLProb
                                                                      {ZipVLProbes::ratios, "ratios"}};
 inline constexpr std::pair<UnselectedRows, const char*> kUnselectedNames[] = {
     {UnselectedRows::zero, "zero"}, {UnselectedRows::attend_selected, "attend_selected"}};
+inline constexpr std::pair<ZipVLPrefill, const char*> kZipVLPrefillNames[] = {{ZipVLPrefill::sparse, "sparse"},
+                                                                             {ZipVLPrefill::dense, "dense"}};
+inline constexpr std::pair<ZipVLRatio, const char*> kZipVLRatioNames[] = {{ZipVLRatio::adaptive, "adaptive"},
+                                                                         {ZipVLRatio::fixed, "fixed"}};
+inline constexpr std::pair<ZipVLRanking, const char*> kZipVLRankingNames[] = {
+    {ZipVLRanking::normalized, "normalized"}, {ZipVLRanking::accumulated, "accumulated"}};
 
 }  // namespace detail
 
-inline nlohmann::json to_json(const ZipVLParams& P) {
-    return nlohmann::json{
+// The ablation keys (prefill, ratio, fixed_ratio, ranking) are written only when `all_keys` is set
+// or when one of them differs from its default, so the manifests of the paper's method (every golden
+// case) keep their exact bytes; the simulator's registry asks for all keys.
+inline nlohmann::json to_json(const ZipVLParams& P, bool all_keys) {
+    nlohmann::json j{
         {"tau", P.tau},
         {"probe_mode", std::string(to_string(P.probe_mode))},
         {"probe_recent", P.probe_recent},
@@ -116,7 +125,17 @@ inline nlohmann::json to_json(const ZipVLParams& P) {
         {"scale", P.scale},
         {"check_finite", P.check_finite},
     };
+    const ZipVLParams D;
+    if (all_keys || P.prefill != D.prefill || P.ratio != D.ratio || P.fixed_ratio != D.fixed_ratio ||
+        P.ranking != D.ranking) {
+        j["prefill"] = std::string(to_string(P.prefill));
+        j["ratio"] = std::string(to_string(P.ratio));
+        j["fixed_ratio"] = P.fixed_ratio;
+        j["ranking"] = std::string(to_string(P.ranking));
+    }
+    return j;
 }
+inline nlohmann::json to_json(const ZipVLParams& P) { return to_json(P, false); }
 
 // Keys not present keep their defaults; unknown keys are an error. `where` prefixes messages
 // (e.g. a JSON path such as "policies[0].params.").
@@ -124,7 +143,7 @@ inline ZipVLParams zipvl_params_from_json(const nlohmann::json& j, const std::st
     detail::check_keys(j,
                        {"tau", "probe_mode", "probe_recent", "probe_random", "probe_recent_ratio", "probe_random_ratio",
                         "seed", "grouping", "nnz", "keep_last", "keep_text", "dense_layers", "unselected", "scale",
-                        "check_finite"},
+                        "check_finite", "prefill", "ratio", "fixed_ratio", "ranking"},
                        where);
     ZipVLParams P;
     detail::read_number(j, "tau", P.tau, where);
@@ -138,12 +157,17 @@ inline ZipVLParams zipvl_params_from_json(const nlohmann::json& j, const std::st
     detail::read_number(j, "dense_layers", P.dense_layers, where);
     detail::read_number(j, "scale", P.scale, where);
     detail::read_number(j, "check_finite", P.check_finite, where);
+    detail::read_number(j, "fixed_ratio", P.fixed_ratio, where);
+    if (j.contains("prefill")) P.prefill = detail::enum_from_json(j["prefill"], "prefill", detail::kZipVLPrefillNames, where);
+    if (j.contains("ratio")) P.ratio = detail::enum_from_json(j["ratio"], "ratio", detail::kZipVLRatioNames, where);
+    if (j.contains("ranking")) P.ranking = detail::enum_from_json(j["ranking"], "ranking", detail::kZipVLRankingNames, where);
     if (j.contains("probe_mode")) P.probe_mode = detail::enum_from_json(j["probe_mode"], "probe_mode", detail::kProbeNames, where);
     if (j.contains("grouping")) P.grouping = detail::enum_from_json(j["grouping"], "grouping", detail::kGroupingNames, where);
     if (j.contains("nnz")) P.nnz = detail::enum_from_json(j["nnz"], "nnz", detail::kNnzNames, where);
     if (j.contains("unselected"))
         P.unselected = detail::enum_from_json(j["unselected"], "unselected", detail::kUnselectedNames, where);
     detail::check_zipvl_params(P, "zipvl_params_from_json");
+    detail::check_zipvl_modes(P, "zipvl_params_from_json");
     return P;
 }
 

@@ -38,6 +38,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <type_traits>
 
@@ -141,8 +142,11 @@ struct DecodeBatchHost {
     std::span<const std::int32_t> list_indptr;  // [batch * lists_per_seq + 1]; empty: dense (every row)
     std::int32_t lists_per_seq = 1;
 
+    // Differences taken in int64: two int32 entries of a malformed array may differ by more than int32 holds.
     std::int64_t q_len(std::int64_t b) const {
-        return q_indptr.empty() ? 1 : q_indptr[static_cast<std::size_t>(b + 1)] - q_indptr[static_cast<std::size_t>(b)];
+        return q_indptr.empty() ? 1
+                                : static_cast<std::int64_t>(q_indptr[static_cast<std::size_t>(b + 1)]) -
+                                      q_indptr[static_cast<std::size_t>(b)];
     }
     std::int64_t total_q(std::int64_t batch) const {
         return q_indptr.empty() ? batch : q_indptr[static_cast<std::size_t>(batch)];
@@ -151,11 +155,18 @@ struct DecodeBatchHost {
     std::int64_t list_len(std::int64_t b, std::int64_t l) const {
         if (list_indptr.empty()) return seq_lens[static_cast<std::size_t>(b)];
         const auto i = static_cast<std::size_t>(b * lists_per_seq + l);
-        return list_indptr[i + 1] - list_indptr[i];
+        return static_cast<std::int64_t>(list_indptr[i + 1]) - list_indptr[i];
     }
 };
 
 namespace detail {
+
+// a * b + c for a, b, c >= 0, or -1 when it exceeds int64 (sizes and strides come from the caller).
+inline std::int64_t mul_add_or_overflow(std::int64_t a, std::int64_t b, std::int64_t c) {
+    constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+    if (b != 0 && a > (kMax - c) / b) return -1;
+    return a * b + c;
+}
 
 // The checks of a step's host metadata alone (every backend's, and the CUDA plan's, which has no
 // cache view yet): sizes of the indptr arrays, indptr[0] == 0, each sequence's length within
@@ -215,16 +226,26 @@ void check_kv_batch(const KvBatchView<T>& cache, const DecodeBatchHost& meta, st
     const std::int64_t inner_n = rows_outer ? Hkv : cache.page_size;
     const std::int64_t outer = rows_outer ? cache.row_stride : cache.head_stride;
     const std::int64_t outer_n = rows_outer ? cache.page_size : Hkv;
-    require((inner_n == 1 || inner >= d) && (outer_n == 1 || outer >= inner * (inner_n - 1) + d), fn,
-            "strides (row ", cache.row_stride, ", head ", cache.head_stride, ") make rows or heads of d = ", d,
-            " elements overlap");
-    require(B == 1 && !cache.paged() ? true : cache.page_stride >= outer * (outer_n - 1) + inner * (inner_n - 1) + d, fn,
-            "page_stride = ", cache.page_stride, " is smaller than one page's span (", outer * (outer_n - 1) + inner * (inner_n - 1) + d,
-            " elements): pages (or sequences) overlap");
+    // Spans in elements, each checked against int64 before it is used: a row's heads (or a head's
+    // rows), one page, the whole pool (kv_batch_extent).
+    const std::int64_t inner_span = mul_add_or_overflow(inner, inner_n - 1, d);
+    const std::int64_t page_span = inner_span < 0 ? -1 : mul_add_or_overflow(outer, outer_n - 1, inner_span);
+    require(page_span >= 0, fn, "strides (row ", cache.row_stride, ", head ", cache.head_stride, ") with page_size = ",
+            cache.page_size, ", H_kv = ", Hkv, ", d = ", d, " make one page span more than 2^63 elements");
+    require((inner_n == 1 || inner >= d) && (outer_n == 1 || outer >= inner_span), fn, "strides (row ",
+            cache.row_stride, ", head ", cache.head_stride, ") make rows or heads of d = ", d, " elements overlap");
+    require(B == 1 && !cache.paged() ? true : cache.page_stride >= page_span, fn, "page_stride = ", cache.page_stride,
+            " is smaller than one page's span (", page_span, " elements): pages (or sequences) overlap");
     if (cache.paged()) {
         require(cache.n_pages >= 1, fn, "paged cache with n_pages = ", cache.n_pages, ", expected >= 1");
         require(cache.block_table_stride >= 1, fn, "block_table_stride = ", cache.block_table_stride, ", expected >= 1");
+        require(cache.block_table_stride <= std::numeric_limits<std::int64_t>::max() / cache.page_size, fn,
+                "block_table_stride = ", cache.block_table_stride, " x page_size = ", cache.page_size,
+                " rows per sequence exceed int64");
     }
+    const std::int64_t pages = cache.paged() ? cache.n_pages : B;
+    require(mul_add_or_overflow(cache.page_stride, pages - 1, page_span) >= 0, fn, "page_stride = ", cache.page_stride,
+            " x ", pages, cache.paged() ? " pages" : " sequences", " span more than 2^63 elements");
     check_decode_meta(meta, B, Hkv, cache.capacity(), cache.paged(), fn);
 }
 
@@ -275,7 +296,7 @@ void check_batch_contents(const KvBatchView<T>& cache, const BatchRowLists& list
                 " but the host metadata says ", len, "; expected the same lengths");
         const std::int64_t first_query_pos = len - meta.q_len(b);  // the newest row its first query sees
         if (cache.paged()) {
-            const std::int64_t used = (len + cache.page_size - 1) / cache.page_size;
+            const std::int64_t used = len == 0 ? 0 : (len - 1) / cache.page_size + 1;  // no overflow for any page_size
             for (std::int64_t p = 0; p < used; ++p) {
                 const std::int64_t page = cache.block_table[b * cache.block_table_stride + p];
                 require(page >= 0 && page < cache.n_pages, fn, "block_table[", b, ", ", p, "] = ", page, " (sequence ", b,

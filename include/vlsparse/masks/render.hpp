@@ -13,7 +13,7 @@
 
 #include "vlsparse/core/error.hpp"
 #include "vlsparse/masks/templates.hpp"
-#include "vlsparse/policies/blindsight.hpp"
+#include "vlsparse/policies/blindsight_params.hpp"
 
 namespace vlsparse {
 

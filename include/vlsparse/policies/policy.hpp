@@ -321,6 +321,7 @@ struct ZipVLPolicy : DecodeReadsAll {
     void begin(const Layout&, const ModelShape& shape) {
         shape.validate("ZipVLPolicy::begin");
         detail::check_zipvl_params(params, "ZipVLPolicy::begin");
+        detail::check_zipvl_modes(params, "ZipVLPolicy::begin");
     }
     PrefillDecision prefill(const PrefillLayer& in) {
         const auto pos = detail::check_prefill_layer(in, "ZipVLPolicy::prefill");
@@ -329,7 +330,7 @@ struct ZipVLPolicy : DecodeReadsAll {
         const ZipVLSelection s = simd::zipvl_select(in.q, in.k, rows_layout, in.layer, params);
         PrefillDecision d;
         d.kv = rows_to_positions(s.selection, pos, in.layout->n());
-        d.sparse_prefill = !s.dense;
+        d.sparse_prefill = zipvl_sparse_prefill(s, params);  // false: dense or eviction-only (prefill = dense)
         d.unselected = params.unselected;
         return d;
     }

@@ -59,9 +59,11 @@ inline void zipvl_select_from_scores(ZipVLSelection& r, const Layout& layout, co
                                                                 : probe_nnz[static_cast<std::size_t>(j)];
             an[static_cast<std::size_t>(j)] = nnz > 0.0 ? a[static_cast<std::size_t>(j)] / nnz : 0.0;
         }
-        const std::int64_t p = count_for_mass(std::span<const double>(a), P.tau, total);
+        const std::int64_t p = P.ratio == ZipVLRatio::fixed
+                                    ? zipvl_fixed_count(n, P.fixed_ratio)
+                                    : count_for_mass(std::span<const double>(a), P.tau, total);
         r.p[static_cast<std::size_t>(g)] = p;
-        auto top = topk_indices(std::span<const double>(an), p);
+        auto top = topk_indices(std::span<const double>(P.ranking == ZipVLRanking::normalized ? an : a), p);
         // Forced keeps (union), then back to one sorted list.
         std::vector<std::uint8_t> keep(static_cast<std::size_t>(n), 0);
         for (auto j : top) keep[static_cast<std::size_t>(j)] = 1;
@@ -72,7 +74,7 @@ inline void zipvl_select_from_scores(ZipVLSelection& r, const Layout& layout, co
         for (std::int64_t j = 0; j < n; ++j)
             if (keep[static_cast<std::size_t>(j)]) list.push_back(j);
     }
-    r.selection.scores = r.normalized;
+    r.selection.scores = P.ranking == ZipVLRanking::normalized ? r.normalized : r.accumulated;
 }
 
 }  // namespace detail
@@ -86,6 +88,7 @@ ZipVLSelection zipvl_select(View3<const TQ> q, View3<const TK> k, const Layout& 
                             const ZipVLParams& P, std::span<const std::int64_t> probes = {}) {
     constexpr const char* fn = "simd::zipvl_select";
     ::vlsparse::detail::check_zipvl_params(P, fn);
+    ::vlsparse::detail::check_zipvl_modes(P, fn);
     ::vlsparse::detail::check_qkv(q, k, k, fn);
     const std::int64_t n = q.shape[0], H = q.shape[1], d = q.shape[2], Hkv = k.shape[1], qpk = H / Hkv;
     ::vlsparse::detail::require(k.shape[0] == n, fn, "q has ", n, " tokens and k has ", k.shape[0], ", expected equal (prefill)");
@@ -138,11 +141,12 @@ ZipVLSelection zipvl_select(View3<const TQ> q, View3<const TK> k, const Layout& 
 }
 
 // Token-sparse prefill (Algorithm 1): attention restricted to the kept set, rows outside it per
-// P.unselected. A dense layer runs dense attention. out [n, H, d].
+// P.unselected. A dense layer, or any layer with P.prefill == dense (eviction-only), runs dense
+// attention. out [n, H, d].
 template <ElementType TQ, ElementType TK, OutputElement TO>
 void zipvl_prefill(View3<const TQ> q, View3<const TK> k, View3<const TK> v, const ZipVLSelection& s, View3<TO> out,
                    const ZipVLParams& P) {
-    if (s.dense) {
+    if (!zipvl_sparse_prefill(s, P)) {
         dense_attention(q, k, v, out, P.attention());
         return;
     }

@@ -44,6 +44,34 @@ enum class ZipVLProbes : std::uint8_t {
     ratios,  // ceil(probe_recent_ratio * n) + ceil(probe_random_ratio * n) (ZipCache-style 5% + 5%)
 };
 
+// Ablations and matched-cost modes (issue 17). The defaults are the paper's method.
+// Prefill of a selective layer: token-sparse over the kept set (the paper), or dense, with the
+// selection used for KV eviction only (same prefill cost as the eviction-only baselines).
+enum class ZipVLPrefill : std::uint8_t {
+    sparse,  // token-sparse prefill over T (Algorithm 1)
+    dense,   // eviction-only: dense causal prefill, T decides only what the KV cache keeps
+};
+
+// How many tokens each group keeps: the adaptive p of Eq. 7, or a fixed share of the layer's tokens
+// (the paper's Table 3 "fixed ratio" ablation: the same scores, the same share in every layer).
+enum class ZipVLRatio : std::uint8_t {
+    adaptive,  // p from tau (Eq. 7)
+    fixed,     // p = zipvl_fixed_count(n, fixed_ratio), the same share in every selective layer
+};
+
+// Which score is ranked for the top-p (Eq. 9): the normalized a~_j (paper) or the accumulated a_j
+// (the paper's "accumulated attention scores" ablation, H2O-style).
+enum class ZipVLRanking : std::uint8_t {
+    normalized,   // topk(a~, p)
+    accumulated,  // topk(a, p)
+};
+
+constexpr std::string_view to_string(ZipVLPrefill m) { return m == ZipVLPrefill::sparse ? "sparse" : "dense"; }
+constexpr std::string_view to_string(ZipVLRatio m) { return m == ZipVLRatio::adaptive ? "adaptive" : "fixed"; }
+constexpr std::string_view to_string(ZipVLRanking m) {
+    return m == ZipVLRanking::normalized ? "normalized" : "accumulated";
+}
+
 constexpr std::string_view to_string(ZipVLGrouping g) { return g == ZipVLGrouping::layer ? "layer" : "kv_head"; }
 constexpr std::string_view to_string(ZipVLNnz m) { return m == ZipVLNnz::causal_column ? "causal_column" : "probe_rows"; }
 constexpr std::string_view to_string(ZipVLProbes m) { return m == ZipVLProbes::counts ? "counts" : "ratios"; }
@@ -72,6 +100,12 @@ struct ZipVLParams {
 
     float scale = 0.0f;        // softmax scale; 0 = 1/sqrt(d)
     bool check_finite = true;  // fast paths: reject NaN/Inf inputs (the reference always does)
+
+    // Ablations / matched-cost modes (defaults: the paper's method; see the enums above).
+    ZipVLPrefill prefill = ZipVLPrefill::sparse;
+    ZipVLRatio ratio = ZipVLRatio::adaptive;
+    double fixed_ratio = 0.5;  // share of the layer's tokens each group keeps when ratio == fixed, in (0, 1]
+    ZipVLRanking ranking = ZipVLRanking::normalized;
 
     AttentionOptions attention() const { return {scale, check_finite}; }
 };
@@ -111,11 +145,41 @@ inline void check_zipvl_params(const ZipVLParams& P, const char* fn) {
     require(P.dense_layers >= 0, fn, "dense_layers = ", P.dense_layers, ", expected >= 0");
 }
 
+// The ablation fields (checked by zipvl_select, the JSON reader and ZipVLPolicy::begin).
+inline void check_zipvl_modes(const ZipVLParams& P, const char* fn) {
+    require(P.prefill == ZipVLPrefill::sparse || P.prefill == ZipVLPrefill::dense, fn, "prefill: unknown mode");
+    require(P.ratio == ZipVLRatio::adaptive || P.ratio == ZipVLRatio::fixed, fn, "ratio: unknown mode");
+    require(P.ranking == ZipVLRanking::normalized || P.ranking == ZipVLRanking::accumulated, fn,
+            "ranking: unknown mode");
+    require(P.fixed_ratio > 0.0 && P.fixed_ratio <= 1.0, fn, "fixed_ratio = ", P.fixed_ratio,
+            ", expected 0 < fixed_ratio <= 1");
+}
+
 }  // namespace detail
+
+// The kept count of the fixed-ratio mode: ceil(ratio * n), at least 1 and at most n, computed as
+// ceil(x - 1e-9 max(1, x)) so that a product that is mathematically an integer stays that integer.
+inline std::int64_t zipvl_fixed_count(std::int64_t n, double ratio) {
+    const double x = ratio * static_cast<double>(n);
+    const auto c = static_cast<std::int64_t>(std::ceil(x - 1e-9 * std::max(1.0, x)));
+    return std::clamp<std::int64_t>(c, 1, std::max<std::int64_t>(n, 1));
+}
+
+// The group's kept count p: Eq. 7's adaptive count (given), or the fixed-ratio count.
+inline std::int64_t zipvl_kept_count(std::int64_t adaptive_p, std::int64_t n, const ZipVLParams& P) {
+    return P.ratio == ZipVLRatio::fixed ? zipvl_fixed_count(n, P.fixed_ratio) : adaptive_p;
+}
+
+// The prefill of a selective layer is token-sparse (false: dense, eviction-only).
+inline bool zipvl_sparse_prefill(const ZipVLSelection& s, const ZipVLParams& P) {
+    return !s.dense && P.prefill == ZipVLPrefill::sparse;
+}
 
 // The probe positions of ZipVL for a sequence of n tokens in layer `layer` (ARCHITECTURE.md 4.1):
 // the last max(recent, 1) positions plus `random` positions drawn without replacement from [0, n - recent)
-// with SplitMix64(seed + layer); every position when n <= recent + random. Ascending.
+// with SplitMix64(seed + layer); every position when n <= recent + random. Ascending. In ratio mode
+// recent = ceil(probe_recent_ratio * n) and random = ceil(probe_random_ratio * n), each computed as
+// ceil(x - 1e-9 max(1, x)) so that a product that is mathematically an integer stays that integer.
 inline std::vector<std::int64_t> zipvl_probes(std::int64_t n, std::int64_t layer, const ZipVLParams& P) {
     constexpr const char* fn = "zipvl_probes";
     detail::check_zipvl_params(P, fn);
@@ -123,8 +187,14 @@ inline std::vector<std::int64_t> zipvl_probes(std::int64_t n, std::int64_t layer
     detail::require(layer >= 0, fn, "layer = ", layer, ", expected >= 0");
     std::int64_t recent = P.probe_recent, random = P.probe_random;
     if (P.probe_mode == ZipVLProbes::ratios) {
-        recent = static_cast<std::int64_t>(std::ceil(P.probe_recent_ratio * static_cast<double>(n)));
-        random = static_cast<std::int64_t>(std::ceil(P.probe_random_ratio * static_cast<double>(n)));
+        // ceil(ratio * n), computed so that exact products (0.07 * 100 = 7.000000000000001 in double) are not
+        // pushed up by rounding: the same guard as BlindSight's sink count (masks/templates.hpp).
+        auto count = [n](double ratio) {
+            const double x = ratio * static_cast<double>(n);
+            return static_cast<std::int64_t>(std::ceil(x - 1e-9 * std::max(1.0, x)));
+        };
+        recent = count(P.probe_recent_ratio);
+        random = count(P.probe_random_ratio);
     }
     std::vector<std::int64_t> out;
     if (n <= recent + random) {

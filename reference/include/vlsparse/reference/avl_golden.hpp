@@ -110,7 +110,7 @@ inline AvlCaseInputs read_avl_inputs(const std::filesystem::path& dir, GoldenMan
 
 // What a run produced besides the named outputs: the decision margins (for the generator's check).
 struct AvlRunInfo {
-    double margin = 1.0;  // smallest relative gap at a top-k cutoff (exact ties skipped)
+    double margin = 1.0;  // smallest relative gap at a top-k cutoff (an exact tie counts as 0)
 };
 
 namespace detail {
@@ -209,10 +209,10 @@ std::vector<NamedArray> run_avl_case(const AvlCaseInputs& c, AvlRunInfo* info = 
     throw error("run_avl_case", "input dtype '" + c.dtype + "', expected fp32, fp16 or bf16");
 }
 
-inline std::pair<std::string, double> avl_output_metric(const std::string& name) {
-    if (name == "scores" || name == "refresh_scores") return {"rel", kScoreRel};
-    if (name == "decode_out") return {"nmse", kAttentionNmse};
-    return {"exact", 0.0};
+inline OutputMetric avl_output_metric(const std::string& name) {
+    if (name == "scores" || name == "refresh_scores") return score_metric();
+    if (name == "decode_out") return attention_metric();
+    return {};
 }
 
 }  // namespace golden

@@ -196,7 +196,7 @@ inline BaselineCaseInputs read_baselines_inputs(const std::filesystem::path& dir
 
 // The decision margins of a run (for the generator's check).
 struct BaselineRunInfo {
-    double margin = 1.0;  // smallest relative gap at a top-k cutoff (exact ties skipped)
+    double margin = 1.0;  // smallest relative gap at a top-k cutoff (an exact tie counts as 0)
 };
 
 namespace detail {
@@ -386,10 +386,10 @@ std::vector<NamedArray> run_baselines_case(const BaselineCaseInputs& c, Baseline
     return r;
 }
 
-inline std::pair<std::string, double> baselines_output_metric(const std::string& name) {
-    if (name == "scores" || name == "decode_scores" || name == "window_scores" || name == "pooled") return {"rel", kScoreRel};
-    if (name == "decode_out") return {"nmse", kAttentionNmse};
-    return {"exact", 0.0};
+inline OutputMetric baselines_output_metric(const std::string& name) {
+    if (name == "scores" || name == "decode_scores" || name == "window_scores" || name == "pooled") return score_metric();
+    if (name == "decode_out") return attention_metric();
+    return {};
 }
 
 }  // namespace golden

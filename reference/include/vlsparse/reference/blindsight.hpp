@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "vlsparse/masks/templates.hpp"
-#include "vlsparse/policies/blindsight.hpp"
+#include "vlsparse/policies/blindsight_params.hpp"
 #include "vlsparse/reference/attention.hpp"
 
 namespace vlsparse::reference {

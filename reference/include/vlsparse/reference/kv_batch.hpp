@@ -55,7 +55,9 @@ namespace detail {
 using ::vlsparse::detail::require;
 
 // Block-table slots (pages) that hold `rows` rows.
-inline std::int64_t pages_for(std::int64_t rows, std::int64_t page_size) { return (rows + page_size - 1) / page_size; }
+inline std::int64_t pages_for(std::int64_t rows, std::int64_t page_size) {
+    return rows <= 0 ? 0 : (rows - 1) / page_size + 1;  // rows + page_size - 1 may overflow for a large page_size
+}
 
 // The layout of a cache an update writes: the layout checks of check_kv_batch (shapes, strides that
 // keep rows, heads and pages apart, n_pages, table width), and lengths 0 .. capacity() (a sequence

@@ -46,13 +46,13 @@ struct PureKVCaseInputs {
 
 using PureKVOutput = NamedArray;  // one named output tensor (zipvl_golden.hpp)
 
-// metric, tolerance of each output (what a port must meet).
-inline std::pair<std::string, double> purekv_output_metric(const std::string& name) {
-    if (name == "scores_l0" || name == "v_norm" || name == "importance") return {"rel", 1e-5};
-    if (name == "validation_rho" || name == "validation_p") return {"rel", 1e-9};
-    if (name == "spearman") return {"rel", 1e-12};
-    if (name == "prefill_out") return {"nmse", 1e-9};
-    return {"exact", 0.0};  // masks, allowed_pairs, kept_mask
+// metric, tolerances of each output (what a port must meet; zipvl_golden.hpp, OutputMetric).
+inline OutputMetric purekv_output_metric(const std::string& name) {
+    if (name == "scores_l0" || name == "v_norm" || name == "importance") return score_metric();
+    if (name == "validation_rho" || name == "validation_p") return {"rel", 1e-9, {}};
+    if (name == "spearman") return {"rel", 1e-12, {}};
+    if (name == "prefill_out") return attention_metric();
+    return {};  // masks, allowed_pairs, kept_mask
 }
 
 // Runs a case through an estimator type (reference::PureKVEstimator or simd::PureKVEstimator).

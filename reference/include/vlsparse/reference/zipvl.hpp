@@ -59,6 +59,7 @@ inline void zipvl_finish(ZipVLSelection& r, const Layout& layout, const ZipVLPar
                 break;
             }
         }
+        p = zipvl_kept_count(p, n, P);  // the fixed-ratio ablation replaces Eq. 7's count
         r.p[static_cast<std::size_t>(g)] = p;
         // Eq. 8.
         for (std::int64_t j = 0; j < n; ++j) {
@@ -73,7 +74,7 @@ inline void zipvl_finish(ZipVLSelection& r, const Layout& layout, const ZipVLPar
         }
         // Eq. 9 plus the forced keeps.
         std::vector<std::uint8_t> keep(static_cast<std::size_t>(n), 0);
-        const auto by_an = ranked(an);
+        const auto by_an = ranked(P.ranking == ZipVLRanking::normalized ? an : a);  // Eq. 9 or the ablation
         for (std::int64_t t = 0; t < p; ++t) keep[static_cast<std::size_t>(by_an[static_cast<std::size_t>(t)])] = 1;
         for (std::int64_t j = std::max<std::int64_t>(0, n - P.keep_last); j < n; ++j) keep[static_cast<std::size_t>(j)] = 1;
         if (P.keep_text)
@@ -83,7 +84,7 @@ inline void zipvl_finish(ZipVLSelection& r, const Layout& layout, const ZipVLPar
         for (std::int64_t j = 0; j < n; ++j)
             if (keep[static_cast<std::size_t>(j)]) list.push_back(j);
     }
-    r.selection.scores = r.normalized;
+    r.selection.scores = P.ranking == ZipVLRanking::normalized ? r.normalized : r.accumulated;
 }
 
 }  // namespace detail
@@ -95,6 +96,7 @@ ZipVLSelection zipvl_select(View3<const TQ> q, View3<const TK> k, const Layout& 
                             const ZipVLParams& P, std::span<const std::int64_t> probes = {}) {
     constexpr const char* fn = "reference::zipvl_select";
     detail::check_zipvl_params(P, fn);
+    detail::check_zipvl_modes(P, fn);
     detail::check_qkv(q, k, k, fn);
     const std::int64_t n = q.shape[0], H = q.shape[1], Hkv = k.shape[1];
     detail::require(k.shape[0] == n, fn, "q has ", n, " tokens and k has ", k.shape[0], ", expected equal (prefill)");
@@ -134,11 +136,12 @@ ZipVLSelection zipvl_select(View3<const TQ> q, View3<const TK> k, const Layout& 
 }
 
 // Token-sparse prefill (Algorithm 1): attention restricted to the kept set, rows outside it per
-// P.unselected. A dense layer runs dense attention. out [n, H, d].
+// P.unselected. A dense layer, or any layer with P.prefill == dense (eviction-only), runs dense
+// attention. out [n, H, d].
 template <ElementType TQ, ElementType TK, OutputElement TO>
 void zipvl_prefill(View3<const TQ> q, View3<const TK> k, View3<const TK> v, const ZipVLSelection& s, View3<TO> out,
                    const ZipVLParams& P) {
-    if (s.dense) {
+    if (!zipvl_sparse_prefill(s, P)) {
         dense_attention(q, k, v, out, P.attention());
         return;
     }

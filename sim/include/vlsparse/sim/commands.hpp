@@ -20,6 +20,7 @@
 #include "vlsparse/policies/blindsight.hpp"
 #include "vlsparse/sim/cli.hpp"
 #include "vlsparse/sim/engine.hpp"
+#include "vlsparse/sim/export.hpp"
 #include "vlsparse/sim/golden_verify.hpp"
 #include "vlsparse/sim/report_html.hpp"
 #include "vlsparse/sim/report_json.hpp"
@@ -123,6 +124,7 @@ inline int cmd_run(Args& a) {
     std::printf("\n");
     print_run_table(stdout, s, r);
     if (o.per_layer) print_layer_tables(stdout, s, r);
+    r.purekv.print(stdout);
     std::printf("\nwall time %.2f s (%d thread(s)); ratios are against the dense run (first row); docs/simulator.md "
                 "defines every column.\n",
                 r.wall_s, r.threads);
@@ -174,6 +176,7 @@ inline int cmd_compare(Args& a) {
     print_source(stdout, r);
     std::printf("\n");
     print_sweep_table(stdout, s, r);
+    r.purekv.print(stdout);
     std::printf("\nwall time %.2f s (%d thread(s)); FLOPs = prefill + decode attention against dense.\n", r.wall_s,
                 r.threads);
     detail::write_reports("compare", s, r, o, "sim-compare.html");
@@ -210,12 +213,20 @@ inline int cmd_characterize(Args& a) {
     Scenario s = detail::load_with_sets(file, sets);
     check_writable(out, "head map");
     if (svg_out) check_writable(*svg_out, "head map picture");
-    if (s.source.kind == SourceKind::residual)
-        a.fail("characterize needs a synthetic or dump source (a residual model's Q/K/V depend on the policy)");
     if (s.source.kind == SourceKind::dump && prompts > 1) {
         std::printf("note: a dump source is one prompt; calibrating on it alone\n");
         prompts = 1;
     }
+    // A residual model's weights and its prompt both derive from the seed: other seeds would be other
+    // models. It is calibrated on its one prompt, with the dense run's Q/K/V (sim/export.hpp).
+    if (s.source.kind == SourceKind::residual && prompts > 1) {
+        std::printf("note: a residual source is one model and one prompt; calibrating on its dense run alone\n");
+        prompts = 1;
+    }
+    // Synthetic prompts of ONE model: the head roles come from the scenario's seed (model_seed), the
+    // content from seed, seed + 1, ... (sim/synthetic.hpp), so the calibration transfers across prompts.
+    if (s.source.kind == SourceKind::synthetic && !s.source.params.contains("model_seed"))
+        s.source.params["model_seed"] = static_cast<std::int64_t>(s.seed);
     const std::int64_t L = s.model.layers, H = s.model.heads, n = s.n();
     std::vector<TemplateCounts> counts(static_cast<std::size_t>(L * H));
     Progress progress(!quiet);
@@ -225,9 +236,24 @@ inline int cmd_characterize(Args& a) {
         Scenario sp = s;
         sp.seed = s.seed + static_cast<std::uint64_t>(pi);
         sp.decode_steps = 0;
-        auto src = make_plain_source(sp);
+        std::unique_ptr<PlainSource> src;
+        std::vector<DumpLayer> dense;  // residual: the dense run's layers
+        if (sp.source.kind == SourceKind::residual) {
+            std::vector<std::int64_t> tokens;
+            dense = detail::export_residual_dense(sp, tokens);
+        } else {
+            src = make_plain_source(sp);
+        }
         for (std::int64_t l = 0; l < L; ++l) {
-            const LayerQKV x = src->layer(l);
+            LayerQKV x;
+            if (src) {
+                x = src->layer(l);
+            } else {
+                x.rows = n;
+                x.q = std::move(dense[static_cast<std::size_t>(l)].q);
+                x.k = std::move(dense[static_cast<std::size_t>(l)].k);
+                x.v = std::move(dense[static_cast<std::size_t>(l)].v);
+            }
             const View3<const float> q(x.q.data(), {n, H, s.model.head_dim}),
                 k(x.k.data(), {n, s.model.kv_heads, s.model.head_dim}), v(x.v.data(), {n, s.model.kv_heads, s.model.head_dim});
             const auto ch = simd::characterize_prompt(q, k, v, s.layout, P);
@@ -423,6 +449,38 @@ inline int cmd_policies(Args& a) {
     return 0;
 }
 
+// export [SCENARIO] OUTDIR: the scenario's Q/K/V as a dump directory (sim/export.hpp).
+inline int cmd_export(Args& a) {
+    std::vector<std::string> pos, sets;
+    ExportOptions opt;
+    while (!a.empty()) {
+        if (a.flag("-h") || a.flag("--help")) {
+            std::fputs(kExportUsage, stdout);
+            return 0;
+        }
+        if (auto v = a.value("--set")) sets.push_back(*v);
+        else if (auto v1 = a.value("--dtype")) {
+            if (*v1 == "fp32") opt.dtype = DType::f32;
+            else if (*v1 == "fp16") opt.dtype = DType::f16;
+            else if (*v1 == "bf16") opt.dtype = DType::bf16;
+            else a.fail("--dtype: '" + *v1 + "', expected fp32, fp16 or bf16");
+        } else if (a.flag("--safetensors")) opt.storage = "safetensors";
+        else if (!a.peek().empty() && a.peek()[0] == '-') a.fail("unknown option '" + a.peek() + "'");
+        else if (pos.size() < 2) pos.push_back(a.next());
+        else a.fail("unexpected argument '" + a.peek() + "' (a scenario and an output folder at most)");
+    }
+    if (pos.empty()) a.fail("missing OUTDIR");
+    const std::optional<std::string> file = pos.size() == 2 ? std::optional<std::string>(pos[0]) : std::nullopt;
+    const Scenario s = detail::load_with_sets(file, sets);
+    const std::filesystem::path dir = pos.back();
+    const ExportResult r = export_scenario(s, dir, opt);
+    std::printf("exported %lld layers x %lld rows (%lld prompt + %lld decode) of '%s' to %s\n",
+                static_cast<long long>(s.model.layers), static_cast<long long>(r.manifest.tokens()),
+                static_cast<long long>(s.n()), static_cast<long long>(s.decode_steps), s.name.c_str(),
+                std::filesystem::absolute(dir).lexically_normal().string().c_str());
+    return 0;
+}
+
 // The program: exit status 0 (success), 1 (golden verify found differences), 2 (bad input or error).
 inline int sim_main(int argc, char** argv) {
     std::vector<std::string> args(argv + 1, argv + argc);
@@ -437,7 +495,8 @@ inline int sim_main(int argc, char** argv) {
     }
     if (!args.empty() && !args[0].empty() && args[0][0] != '-') {
         const std::string& c = args[0];
-        if (c == "run" || c == "compare" || c == "characterize" || c == "masks" || c == "golden" || c == "policies") {
+        if (c == "run" || c == "compare" || c == "characterize" || c == "masks" || c == "golden" || c == "policies" ||
+            c == "export") {
             cmd = c;
             args.erase(args.begin());
         } else if (!(c.size() > 5 && c.compare(c.size() - 5, 5, ".json") == 0)) {
@@ -452,6 +511,7 @@ inline int sim_main(int argc, char** argv) {
         if (cmd == "characterize") return cmd_characterize(a);
         if (cmd == "masks") return cmd_masks(a);
         if (cmd == "golden") return cmd_golden(a);
+        if (cmd == "export") return cmd_export(a);
         return cmd_policies(a);
     } catch (const std::exception& e) {
         std::fflush(stdout);

@@ -45,6 +45,7 @@
 #include "vlsparse/sim/metrics.hpp"
 #include "vlsparse/sim/policies.hpp"
 #include "vlsparse/sim/progress.hpp"
+#include "vlsparse/sim/purekv_validation.hpp"
 #include "vlsparse/sim/scenario.hpp"
 
 namespace vlsparse::sim {
@@ -70,6 +71,7 @@ struct RunResult {
     bool residual = false;
     std::int64_t hidden_size = 0;
     std::string source;
+    PureKVValidation purekv;  // PureKV's Eq. 5-7 check on the dense run (when a purekv policy runs)
 };
 
 // The scenario's policies, made through the registry (labels, effective params).
@@ -488,6 +490,14 @@ inline RunResult run_engine(const Scenario& s, std::vector<PolicyToRun> policies
             throw ::vlsparse::error("vlsparse-sim", "policy '" + r.p.label + "': " + e.what());
         }
     }
+    // PureKV's cross-layer validation, with the first purekv policy's params (sim/purekv_validation.hpp).
+    for (const auto& r : runs)
+        if (r.p.name == "purekv") {
+            result.purekv.enabled = true;
+            result.purekv.policy = r.p.label;
+            result.purekv.params = purekv_params_from_json(r.p.params);
+            break;
+        }
     const double nruns = static_cast<double>(runs.size());
     const double per_layer = static_cast<double>(n) * static_cast<double>(n) / 2.0 +
                              static_cast<double>(S) * (static_cast<double>(n) + static_cast<double>(S) / 2.0);
@@ -527,6 +537,9 @@ inline RunResult run_engine(const Scenario& s, std::vector<PolicyToRun> policies
                     ref.prefill_out = r.out;
                     ref.last_mass = last_row_mass(s, qkv.q.data(), qkv.k.data());
                     r.res.layers[static_cast<std::size_t>(l)].mass_prefill = 1.0;
+                    result.purekv.observe(l, View3<const float>(qkv.q.data(), {n, H, d}),
+                                          View3<const float>(qkv.k.data(), {n, Hkv, d}),
+                                          View3<const float>(qkv.v.data(), {n, Hkv, d}));
                 }
                 tick(static_cast<double>(n) * static_cast<double>(n) / 2.0,
                      "layer " + std::to_string(l + 1) + "/" + Ls + " prefill: " + r.p.label);
@@ -576,6 +589,9 @@ inline RunResult run_engine(const Scenario& s, std::vector<PolicyToRun> policies
                     ref.prefill_out = r.out;  // the reference never drops rows: rows are positions
                     ref.last_mass = last_row_mass(s, qkv.q.data(), qkv.k.data());
                     r.res.layers[static_cast<std::size_t>(l)].mass_prefill = 1.0;
+                    result.purekv.observe(l, View3<const float>(qkv.q.data(), {n, H, d}),
+                                          View3<const float>(qkv.k.data(), {n, Hkv, d}),
+                                          View3<const float>(qkv.v.data(), {n, Hkv, d}));
                 }
                 t0 = clock::now();
                 model->update(l, std::span<float>(r.hidden), std::span<const float>(r.out));

@@ -1,13 +1,17 @@
 // vlsparse/sim/golden_verify.hpp -- `vlsparse-sim golden verify DIR`: a port's outputs against the
 // golden files.
 //
-// DIR is laid out like golden/: either one case folder (its outputs as .npy files under the
-// manifest's file names, optionally with a copy of manifest.json), an algorithm folder of cases, or a
-// whole tree <algorithm>/<case>/. A case is matched to golden/<algorithm>/<case>/ by its
-// manifest.json (algorithm and case) or, without one, by its folder names. Every output of the golden
-// manifest is compared with vlsparse::compare (io/golden.hpp) under its metric and tolerance
-// (exact / rel / abs / nmse): pass, or the first difference (flat and multi-index, expected, got,
-// |difference|) and the metric's value against the tolerance. A missing output file fails.
+// `--golden` may name one golden case (a folder with manifest.json): DIR holds the port's outputs of
+// that case as .npy files under the manifest's file names, whatever DIR is called. Or it names the
+// folder of all golden files, and DIR is laid out like it: either one case folder (its outputs as
+// .npy files, optionally with a copy of manifest.json), an algorithm folder of cases, or a whole tree
+// <algorithm>/<case>/. A case is matched to golden/<algorithm>/<case>/ by its manifest.json
+// (algorithm and case), else by its folder names, else by its .npy file names: the one golden case
+// whose outputs are all there and whose outputs and inputs are all there is, else the one whose
+// outputs are all there. Every output
+// of the golden manifest is compared with vlsparse::compare (io/golden.hpp) under its metric and
+// tolerance (exact / rel / abs / nmse): pass, or the first difference (flat and multi-index, expected,
+// got, |difference|) and the metric's value against the tolerance. A missing output file fails.
 // Include: <vlsparse/sim/golden_verify.hpp>
 #pragma once
 
@@ -17,6 +21,7 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -144,10 +149,55 @@ inline bool has_npy(const std::filesystem::path& d) {
     return false;
 }
 
+// A golden case whose every output file is present in a port's folder; `exact` when, besides, every
+// .npy file of the folder is one of the case's outputs or inputs.
+struct CaseFit {
+    std::filesystem::path dir;
+    std::size_t outputs = 0;
+    bool exact = false;
+};
+
+// The golden cases <root>/<algorithm>/<case>/ that fit the .npy files of d; most outputs first, then
+// by path.
+inline std::vector<CaseFit> cases_with_outputs_in(const std::filesystem::path& d, const std::filesystem::path& root) {
+    namespace fs = std::filesystem;
+    std::vector<std::string> npy;
+    for (const auto& e : fs::directory_iterator(d))
+        if (e.is_regular_file() && e.path().extension() == ".npy") npy.push_back(e.path().filename().string());
+    std::vector<CaseFit> r;
+    for (const auto& a : fs::directory_iterator(root)) {
+        if (!a.is_directory()) continue;
+        for (const auto& c : fs::directory_iterator(a.path())) {
+            if (!c.is_directory() || !fs::exists(c.path() / "manifest.json")) continue;
+            try {
+                const GoldenManifest m = read_manifest(c.path());
+                auto has = [&](const std::string& f) { return std::find(npy.begin(), npy.end(), f) != npy.end(); };
+                const bool all = !m.outputs.empty() &&
+                                 std::all_of(m.outputs.begin(), m.outputs.end(), [&](const auto& o) { return has(o.file); });
+                if (!all) continue;
+                auto in_case = [&](const std::string& f) {
+                    auto named = [&](const auto& t) { return t.file == f; };
+                    return std::any_of(m.outputs.begin(), m.outputs.end(), named) ||
+                           std::any_of(m.inputs.begin(), m.inputs.end(), named);
+                };
+                r.push_back({c.path(), m.outputs.size(), std::all_of(npy.begin(), npy.end(), in_case)});
+            } catch (const std::exception&) {
+                // not a readable golden case: not a candidate
+            }
+        }
+    }
+    std::sort(r.begin(), r.end(), [](const CaseFit& x, const CaseFit& y) {
+        return x.outputs != y.outputs ? x.outputs > y.outputs : x.dir < y.dir;
+    });
+    return r;
+}
+
 }  // namespace detail
 
-// Verifies a port's output folder (a case, an algorithm folder or a tree) against `golden_root`.
-// Throws vlsparse::error when DIR is not a folder or holds nothing that names a golden case.
+// Verifies a port's output folder against `golden_root`: one golden case (a folder with manifest.json;
+// the port folder is then that case's outputs, whatever its name), or the folder of all golden files
+// (the port folder is a case, an algorithm folder or a tree). Throws vlsparse::error when DIR is not a
+// folder or holds nothing that names a golden case.
 inline GoldenVerifyResult golden_verify(const std::filesystem::path& port, const std::filesystem::path& golden_root) {
     namespace fs = std::filesystem;
     constexpr const char* fn = "golden verify";
@@ -155,6 +205,10 @@ inline GoldenVerifyResult golden_verify(const std::filesystem::path& port, const
     ::vlsparse::detail::require(fs::is_directory(golden_root), fn, "the golden folder '", golden_root.string(),
                                 "' does not exist (pass --golden DIR or set VLSPARSE_GOLDEN_DIR)");
     GoldenVerifyResult res;
+    if (fs::exists(golden_root / "manifest.json")) {  // --golden golden/<algorithm>/<case>
+        res.cases.push_back(detail::verify_case(port, golden_root));
+        return res;
+    }
     // A case folder: manifest.json, or .npy files.
     auto as_case = [&](const fs::path& d) -> bool {
         if (fs::exists(d / "manifest.json")) {
@@ -189,15 +243,36 @@ inline GoldenVerifyResult golden_verify(const std::filesystem::path& port, const
             if (!p.has_filename()) p = p.parent_path();
             const std::string name = p.filename().string(), algo = p.parent_path().filename().string();
             const fs::path g = golden_root / algo / name;
-            GoldenCaseCheck cc;
-            cc.port_dir = d;
-            if (!fs::is_directory(g)) {
-                cc.error = "no manifest.json, and its folder names " + algo + "/" + name + " are not a case of " +
-                           golden_root.string();
-                res.cases.push_back(cc);
+            if (fs::is_directory(g)) {
+                res.cases.push_back(detail::verify_case(d, g));
                 return true;
             }
-            res.cases.push_back(detail::verify_case(d, g));
+            // Not named like a case: the one case whose outputs (and inputs) are exactly its .npy files,
+            // else the one case whose outputs are all among them.
+            std::vector<fs::path> exact, all;
+            for (const auto& f : detail::cases_with_outputs_in(d, golden_root)) {
+                all.push_back(f.dir);
+                if (f.exact) exact.push_back(f.dir);
+            }
+            const std::vector<fs::path>& cands = exact.empty() ? all : exact;
+            if (cands.size() == 1) {
+                res.cases.push_back(detail::verify_case(d, cands[0]));
+                return true;
+            }
+            GoldenCaseCheck cc;
+            cc.port_dir = d;
+            cc.error = "no manifest.json, its folder names " + algo + "/" + name + " are not a case of " +
+                       golden_root.string() + ", and ";
+            if (cands.empty()) {
+                cc.error += "no golden case has all its outputs among its .npy files";
+            } else {
+                cc.error += "its .npy files hold the outputs of " + std::to_string(cands.size()) + " golden cases (";
+                for (std::size_t i = 0; i < cands.size() && i < 4; ++i)
+                    cc.error += (i ? ", " : "") + cands[i].parent_path().filename().string() + "/" + cands[i].filename().string();
+                cc.error += cands.size() > 4 ? ", ...)" : ")";
+            }
+            cc.error += "; name the case: --golden " + (golden_root / "ALGORITHM" / "CASE").string();
+            res.cases.push_back(cc);
             return true;
         }
         return false;

@@ -205,11 +205,12 @@ inline const std::vector<PolicyInfo>& policy_registry() {
                      "",
                      {}});
         r.push_back({"zipvl",
-                     "ZipVL: adaptive ratio from tau on probe attention, token-sparse prefill, KV eviction",
-                     to_json(ZipVLParams{}),
+                     "ZipVL: adaptive ratio from tau on probe attention, token-sparse prefill, KV eviction "
+                     "(ablations: prefill=dense eviction-only, ratio=fixed with fixed_ratio, ranking=accumulated)",
+                     to_json(ZipVLParams{}, true),
                      {},
                      [](const json& p, const JsonWhere& w, const PolicyContext&) -> AnyPolicy {
-                         check_params_like(p, to_json(ZipVLParams{}), w);
+                         check_params_like(p, to_json(ZipVLParams{}, true), w);
                          const ZipVLParams P = with_json_path(p, w, [&] { return zipvl_params_from_json(p, w.path + "."); });
                          return ZipVLPolicy(P);
                      },

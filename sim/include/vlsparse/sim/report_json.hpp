@@ -3,6 +3,9 @@
 //   {"format": "vlsparse.sim.report", "version": 1, "generator": "vlsparse-sim 0.1.0",
 //    "command": "run", "scenario": {...}, "source": "...", "threads": 2, "wall_s": 4.2,
 //    "residual": false, "hidden_size": 0,
+//    "purekv_validation": null or {"policy", "l0", "window", "grouping", "mean_rho", "mean_rho_without_v",
+//                          "mean_topk_overlap", "layers": [{"layer", "source_layer", "rho": [G], "p": [G],
+//                          "rho_without_v": [G], "topk_overlap": [G], "mean_rho"}]} (sim/purekv_validation.hpp),
 //    "runs": [{"label", "name", "params", "sweep_of", "sweep_value",
 //              "summary": {"kept_ratio", "prefill_flops_ratio", "decode_flops_ratio", "flops_ratio",
 //                          "kv_ratio_prefill", "kv_ratio_end", "prefill_nmse", "decode_nmse",
@@ -98,6 +101,7 @@ inline json report_json(const std::string& command, const Scenario& s, const Run
                 {"wall_s", r.wall_s},
                 {"residual", r.residual},
                 {"hidden_size", r.hidden_size},
+                {"purekv_validation", r.purekv.enabled ? r.purekv.to_json() : json(nullptr)},
                 {"runs", runs}};
 }
 

@@ -27,6 +27,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -110,6 +111,7 @@ inline json synthetic_params_json(const SyntheticParams& P) {
                 {"share_local", P.share_local},
                 {"share_document", P.share_document},
                 {"head_kinds", kinds},
+                {"model_seed", P.model_seed},
                 {"version", P.version}};
 }
 
@@ -150,6 +152,8 @@ inline SyntheticParams synthetic_params_from_json(const json& j, const JsonWhere
     get("share_local", P.share_local);
     get("share_document", P.share_document);
     get("version", P.version);
+    if (find_key(j, "model_seed"))
+        P.model_seed = read_int(j, "model_seed", w, -1, std::numeric_limits<std::int64_t>::max());
     if (const json* v = find_key(j, "head_kinds")) {
         for (std::size_t i = 0; i < v->size(); ++i) {
             const json& e = (*v)[i];

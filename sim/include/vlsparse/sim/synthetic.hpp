@@ -31,6 +31,11 @@
 // are mostly diffuse: ZipVL Fig. 3, FastV "after layer 2"); the others are split between sink,
 // heavy, local and document by the shares (largest remainders), then the kinds are shuffled over
 // the heads. `head_kinds` fixes them instead. SyntheticLayer::head_kind says which head is which.
+// The MODEL (each (layer, head)'s kind and its minor weights) is drawn from `model_seed` when it is
+// >= 0 and from `seed` otherwise (the default, -1, keeps the generator of before bit for bit); the
+// PROMPT content (q/k noise, V, heavy-hitter places, locality frequencies) always from `seed`. So
+// several prompts of one model are seeds s, s+1, ... with one model_seed: the head roles stay, the
+// content changes (what `characterize` does).
 // KV heads carry every planted key feature at full strength; the query heads choose.
 //
 // Coordinates of a head's d (d >= 8): 0 sink, 1 heavy, 2 .. 2+D document (one per image, image
@@ -111,6 +116,7 @@ struct SyntheticParams {
     // Relative shares of the other kinds (need not sum to 1).
     double share_sink = 0.30, share_heavy = 0.25, share_local = 0.30, share_document = 0.15;
     std::vector<HeadKind> head_kinds;  // non-empty: the kind of every query head (size n_heads), all layers
+    std::int64_t model_seed = -1;      // >= 0: head kinds and weights (the model) from this seed; -1: from seed
     int version = 2;                   // 1: the generator of vlsparse <= 0.1, bit for bit (golden files)
     std::uint64_t seed = 1;
 };
@@ -393,6 +399,11 @@ inline SyntheticPrompt synthetic_prompt(const Layout& layout, const SyntheticPar
     return S;
 }
 
+// The seed of the model-level draws (head kinds and weights): model_seed when given, else seed.
+inline std::uint64_t synthetic_model_seed(const SyntheticParams& P) {
+    return P.model_seed >= 0 ? static_cast<std::uint64_t>(P.model_seed) : P.seed;
+}
+
 // The kind of every query head in `layer` (version 2; see the header comment).
 inline std::vector<HeadKind> synthetic_head_kinds(const SyntheticParams& P, std::int64_t layer) {
     constexpr const char* fn = "sim::synthetic_head_kinds";
@@ -425,7 +436,7 @@ inline std::vector<HeadKind> synthetic_head_kinds(const SyntheticParams& P, std:
     }
     std::vector<HeadKind> out(static_cast<std::size_t>(n_diffuse), HeadKind::diffuse);
     for (int c = 0; c < 4; ++c) out.insert(out.end(), static_cast<std::size_t>(count[static_cast<std::size_t>(c)]), kinds[static_cast<std::size_t>(c)]);
-    SplitMix64 rng = detail::stream(P.seed, layer, 0, detail::kTagKinds);
+    SplitMix64 rng = detail::stream(synthetic_model_seed(P), layer, 0, detail::kTagKinds);
     for (std::int64_t i = H - 1; i > 0; --i)  // Fisher-Yates
         std::swap(out[static_cast<std::size_t>(i)], out[static_cast<std::size_t>(rng.below(static_cast<std::uint64_t>(i + 1)))]);
     return out;
@@ -436,7 +447,7 @@ inline std::vector<HeadWeights> synthetic_head_weights(const SyntheticParams& P,
     const auto kinds = synthetic_head_kinds(P, layer);
     std::vector<HeadWeights> w(kinds.size());
     for (std::size_t h = 0; h < kinds.size(); ++h) {
-        SplitMix64 rng = detail::stream(P.seed, layer, static_cast<std::int64_t>(h), detail::kTagWeights);
+        SplitMix64 rng = detail::stream(synthetic_model_seed(P), layer, static_cast<std::int64_t>(h), detail::kTagWeights);
         w[h].sink = P.minor_weight * rng.uniform();
         w[h].heavy = P.minor_weight * rng.uniform();
         w[h].local = P.minor_weight * rng.uniform();
