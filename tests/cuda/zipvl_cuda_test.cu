@@ -63,6 +63,10 @@ void check_group(const ZipVLSelection& ref, const cuda::DeviceZipVLSelection& gp
         amax = std::max(amax, ra[static_cast<std::size_t>(j)]);
         nmax = std::max(nmax, rn[static_cast<std::size_t>(j)]);
     }
+    // The ranked scores (Eq. 9's a~, or a for the accumulated-ranking ablation) and p's rule.
+    const bool by_acc = P.ranking == ZipVLRanking::accumulated, fixed = P.ratio == ZipVLRatio::fixed;
+    const auto& rk = by_acc ? ra : rn;
+    const double rmax = by_acc ? amax : nmax;
     for (std::int64_t j = 0; j < n; ++j) {
         const double a = acc[static_cast<std::size_t>(g * n + j)], e = ra[static_cast<std::size_t>(j)];
         const double x = nrm[static_cast<std::size_t>(g * n + j)], f = rn[static_cast<std::size_t>(j)];
@@ -73,17 +77,17 @@ void check_group(const ZipVLSelection& ref, const cuda::DeviceZipVLSelection& gp
     }
     const std::int64_t p_ref = ref.p[static_cast<std::size_t>(g)], p_gpu = gpu.p[static_cast<std::size_t>(g)];
     // The reference's sorted masses and normalized scores.
-    std::vector<double> sa(ra), sn(rn);
+    std::vector<double> sa(ra), sn(rk);
     std::sort(sa.begin(), sa.end(), std::greater<double>());
     std::sort(sn.begin(), sn.end(), std::greater<double>());
     const double target = P.tau * static_cast<double>(ref.heads_per_group) * static_cast<double>(ref.probes.size());
     std::vector<double> cum(static_cast<std::size_t>(n) + 1, 0.0);
     for (std::int64_t t = 0; t < n; ++t) cum[static_cast<std::size_t>(t) + 1] = cum[static_cast<std::size_t>(t)] + sa[static_cast<std::size_t>(t)];
-    const bool mass_near = std::abs(cum[static_cast<std::size_t>(p_ref)] - target) <= kMassTol * target ||
+    const bool mass_near = !fixed && std::abs(cum[static_cast<std::size_t>(p_ref)] - target) <= kMassTol * target ||
                            (p_ref > 1 && std::abs(cum[static_cast<std::size_t>(p_ref) - 1] - target) <= kMassTol * target);
     auto cut_near = [&](std::int64_t p) {
         if (p <= 0 || p >= n) return false;
-        return sn[static_cast<std::size_t>(p) - 1] - sn[static_cast<std::size_t>(p)] <= kScoreTol * (sn[static_cast<std::size_t>(p) - 1] + 1e-3 * nmax);
+        return sn[static_cast<std::size_t>(p) - 1] - sn[static_cast<std::size_t>(p)] <= kScoreTol * (sn[static_cast<std::size_t>(p) - 1] + 1e-3 * rmax);
     };
     const auto& want = ref.selection.indices[static_cast<std::size_t>(g)];
     const auto& have = got.indices[static_cast<std::size_t>(g)];
@@ -100,8 +104,12 @@ void check_group(const ZipVLSelection& ref, const cuda::DeviceZipVLSelection& gp
     ++tally().near_tie;
     REQUIRE(p_gpu >= 1);
     REQUIRE(p_gpu <= n);
-    REQUIRE(cum[static_cast<std::size_t>(p_gpu)] >= target * (1.0 - kMassTol));
-    REQUIRE(cum[static_cast<std::size_t>(p_gpu) - 1] <= target * (1.0 + kMassTol));
+    if (fixed) {
+        REQUIRE(p_gpu == p_ref);
+    } else {
+        REQUIRE(cum[static_cast<std::size_t>(p_gpu)] >= target * (1.0 - kMassTol));
+        REQUIRE(cum[static_cast<std::size_t>(p_gpu) - 1] <= target * (1.0 + kMassTol));
+    }
     std::vector<std::uint8_t> forced(static_cast<std::size_t>(n), 0), kept(static_cast<std::size_t>(n), 0);
     for (std::int64_t j = std::max<std::int64_t>(0, n - P.keep_last); j < n; ++j) forced[static_cast<std::size_t>(j)] = 1;
     if (P.keep_text)
@@ -113,11 +121,11 @@ void check_group(const ZipVLSelection& ref, const cuda::DeviceZipVLSelection& gp
         kept[static_cast<std::size_t>(have[i])] = 1;
     }
     const double v = sn[static_cast<std::size_t>(p_gpu) - 1];
-    const double tol = kScoreTol * (v + 1e-3 * nmax);
+    const double tol = kScoreTol * (v + 1e-3 * rmax);
     std::int64_t top = 0;
     for (std::int64_t j = 0; j < n; ++j) {
-        const double s = rn[static_cast<std::size_t>(j)];
-        INFO("position " << j << " normalized " << s << ", cut " << v);
+        const double s = rk[static_cast<std::size_t>(j)];
+        INFO("position " << j << " ranked score " << s << ", cut " << v);
         if (forced[static_cast<std::size_t>(j)]) REQUIRE(kept[static_cast<std::size_t>(j)]);
         if (s > v + tol) REQUIRE(kept[static_cast<std::size_t>(j)]);
         if (kept[static_cast<std::size_t>(j)] && !forced[static_cast<std::size_t>(j)]) REQUIRE(s >= v - tol);
@@ -350,6 +358,21 @@ TEST_CASE("cuda zipvl: options (ratios, given probes, keep_last, keep_text, dens
         c.P.grouping = grouping ? ZipVLGrouping::kv_head : ZipVLGrouping::layer;
         c.seed = ++seed;
         run_case<bfloat16, bfloat16>(c, sel);
+    }
+    for (int mode = 0; mode < 4; ++mode) {
+        ZCase c;  // the ablations: fixed ratio, accumulated ranking, both; eviction-only (selection unchanged)
+        c.n = 900;
+        c.H = 8;
+        c.Hkv = 2;
+        c.d = 64;
+        c.P.ratio = mode == 0 || mode == 2 ? ZipVLRatio::fixed : ZipVLRatio::adaptive;
+        c.P.fixed_ratio = 0.3;
+        c.P.ranking = mode == 1 || mode == 2 ? ZipVLRanking::accumulated : ZipVLRanking::normalized;
+        c.P.prefill = mode == 3 ? ZipVLPrefill::dense : ZipVLPrefill::sparse;
+        c.P.grouping = mode % 2 ? ZipVLGrouping::kv_head : ZipVLGrouping::layer;
+        c.seed = ++seed;
+        run_case<bfloat16, bfloat16>(c, sel);
+        run_case<float, float>(c, sel);
     }
     {
         ZCase c;  // tau = 1: every position with positive mass

@@ -62,6 +62,7 @@ struct DeviceZipVLSelection {
     const std::int32_t* indptr_dev = nullptr;  // device copy of indptr
     const float* accumulated = nullptr;    // device [G][n] a_j (null in a dense layer)
     const float* normalized = nullptr;     // device [G][n] a~_j (null in a dense layer)
+    bool ranked_by_accumulated = false;    // params.ranking == accumulated: the lists rank a_j, not a~_j
 
     std::int64_t groups() const { return static_cast<std::int64_t>(p.size()); }
     std::int64_t lists() const { return static_cast<std::int64_t>(indptr.size()) - 1; }
@@ -89,7 +90,7 @@ struct DeviceZipVLSelection {
                                                           all.begin() + indptr[static_cast<std::size_t>(l) + 1]);
         if (!dense) {
             std::vector<float> sc(static_cast<std::size_t>(groups() * n));
-            detail::check_cuda(cudaMemcpy(sc.data(), normalized, sc.size() * sizeof(float), cudaMemcpyDeviceToHost), fn,
+            detail::check_cuda(cudaMemcpy(sc.data(), ranked_by_accumulated ? accumulated : normalized, sc.size() * sizeof(float), cudaMemcpyDeviceToHost), fn,
                                "cudaMemcpy");
             s.scores.assign(static_cast<std::size_t>(groups()), std::vector<double>(static_cast<std::size_t>(n)));
             for (std::int64_t g = 0; g < groups(); ++g)
@@ -116,6 +117,7 @@ public:
                                        std::span<const std::int64_t> probes = {}) {
         constexpr const char* fn = "cuda::zipvl_select";
         ::vlsparse::detail::check_zipvl_params(P, fn);
+        ::vlsparse::detail::check_zipvl_modes(P, fn);
         detail::require(q.data != nullptr && k.data != nullptr, fn, "q or k is a null view");
         const std::int64_t n = q.shape[0], H = q.shape[1], d = q.shape[2], Hkv = k.shape[1];
         detail::require(n >= 1 && H >= 1 && d >= 1, fn, "q has shape [", n, ", ", H, ", ", d,
@@ -207,6 +209,8 @@ public:
         f.p = p_d;
         f.count = cnt_d;
         f.status = status_d;
+        f.fixed_p = P.ratio == ZipVLRatio::fixed ? static_cast<int>(zipvl_fixed_count(n, P.fixed_ratio)) : 0;
+        f.rank_accumulated = P.ranking == ZipVLRanking::accumulated;
         f.cached = n <= detail::kSelectCacheMax ? static_cast<int>(n) : 0;
         // One group (layer-wise): the kernel writes the final list and indptr itself.
         if (G == 1) {
@@ -250,6 +254,7 @@ public:
         r.indptr_dev = indptr_d;
         r.accumulated = acc_d;
         r.normalized = nrm_d;
+        r.ranked_by_accumulated = P.ranking == ZipVLRanking::accumulated;
         return r;
     }
 

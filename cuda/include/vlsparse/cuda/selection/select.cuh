@@ -330,6 +330,8 @@ struct ZipVLFinishArgs {
     const std::uint8_t* text = nullptr;  // [n] 1 = text token (keep_text), or null
     int rsplit = 1;                      // col holds [rsplit][H_kv][n] partial sums (summed here, in order)
     int cached = 0;                      // n when the scores fit kSelectCacheMax (dynamic shared memory), else 0
+    int fixed_p = 0;                     // > 0: p is this (the fixed-ratio ablation), not Eq. 7's count
+    bool rank_accumulated = false;       // rank by a_j (the accumulated-score ablation), not a~_j
     std::int32_t* indptr = nullptr;      // G == 1: lists is the final list, indptr {0, count} written here
     float* accumulated = nullptr;        // [G][n]
     float* normalized = nullptr;         // [G][n]
@@ -401,12 +403,15 @@ __global__ void __launch_bounds__(kSelectThreads) zipvl_finish_kernel(const __gr
     __syncthreads();
     // Fixed point: the sum of all scores (about `total`) stays below 2^61.
     const double F = ldexp(1.0, 60 - ilogb(f.total) - 1);
-    const int p = cached ? block_count_for_mass(sh, [&](int j) { return cache[j]; }, n, f.tau * f.total * F, F)
-                         : block_count_for_mass(sh, [&](int j) { return acc[j]; }, n, f.tau * f.total * F, F);
-    if (cached)
+    const int p = f.fixed_p > 0 ? f.fixed_p
+                  : cached ? block_count_for_mass(sh, [&](int j) { return cache[j]; }, n, f.tau * f.total * F, F)
+                           : block_count_for_mass(sh, [&](int j) { return acc[j]; }, n, f.tau * f.total * F, F);
+    // The ranked scores: a~ (Eq. 9), or a (the ablation; already in the cache).
+    const float* rk = f.rank_accumulated ? acc : nrm;
+    if (cached && !f.rank_accumulated)
         for (int j = threadIdx.x; j < n; j += blockDim.x) cache[j] = nrm[j];
     __syncthreads();
-    const float* ns = cached ? cache : nrm;
+    const float* ns = cached ? cache : rk;
     unsigned vkey = 0;
     int need = n;
     const bool all = p >= n;
