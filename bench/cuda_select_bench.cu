@@ -24,36 +24,9 @@
 #include <vlsparse/core/rng.hpp>
 #include <vlsparse/cuda/zipvl.cuh>
 
+#include "cuda_bench_util.cuh"
+
 using namespace vlsparse;
-
-namespace {
-
-void die(const char* what, cudaError_t e) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-}
-#define CK(x)                                  \
-    do {                                       \
-        cudaError_t e_ = (x);                  \
-        if (e_ != cudaSuccess) die(#x, e_);    \
-    } while (0)
-
-std::vector<std::int64_t> parse_list(const char* s) {
-    std::vector<std::int64_t> v;
-    for (const char* p = s; *p;) {
-        char* end = nullptr;
-        const long long x = std::strtoll(p, &end, 10);
-        if (end == p || x <= 0) {
-            std::fprintf(stderr, "expected a comma-separated list of positive integers, got '%s'\n", s);
-            std::exit(2);
-        }
-        v.push_back(x);
-        p = *end == ',' ? end + 1 : end;
-    }
-    return v;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
     std::vector<std::int64_t> ns{8192, 16384, 32768, 131072};
@@ -61,7 +34,7 @@ int main(int argc, char** argv) {
     const char* out_path = nullptr;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
-        if (a == "--n" && i + 1 < argc) ns = parse_list(argv[++i]);
+        if (a == "--n" && i + 1 < argc) ns = bench::parse_size_list(argv[++i]);
         else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
         else if (a == "--quick") {
             ns = {8192, 16384};
@@ -79,16 +52,11 @@ int main(int argc, char** argv) {
     }
     std::fprintf(out, "impl,policy,dtype,H,H_kv,d,n,time_us,kept,p,note\n");
     cudaDeviceProp prop{};
-    CK(cudaGetDeviceProperties(&prop, 0));
+    VLSPARSE_BENCH_CK(cudaGetDeviceProperties(&prop, 0));
     std::fprintf(stderr, "device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
 
     const std::int64_t H = 28, Hkv = 4, d = 128;
-    void* flush = nullptr;
-    const std::size_t flush_bytes = std::size_t{256} << 20;
-    CK(cudaMalloc(&flush, flush_bytes));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    bench::EventTimer timer;
     cuda::ZipVLSelector sel;
 
     for (const std::int64_t n : ns) {
@@ -105,30 +73,18 @@ int main(int argc, char** argv) {
         const Layout layout = Layout::parse("image:" + std::to_string(n));
         {
             ZipVLParams P;  // paper defaults: 64 + 64 probes, layer-wise, tau 0.975
-            std::vector<float> t;
-            for (int r = 0; r < warmup + reps; ++r) {
-                CK(cudaMemsetAsync(flush, r & 0xff, flush_bytes));
-                CK(cudaEventRecord(e0));
-                sel.select(qv, kv, layout, 1, P);
-                CK(cudaEventRecord(e1));
-                CK(cudaEventSynchronize(e1));
-                float ms = 0.0f;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                if (r >= warmup) t.push_back(ms * 1000.0f);
-            }
-            std::sort(t.begin(), t.end());
+            const double med = timer.median_us([&] { sel.select(qv, kv, layout, 1, P); }, warmup, reps);
             const auto& s = sel.result();
             std::fprintf(out, "vlsparse,%s,bf16,%lld,%lld,%lld,%lld,%.2f,%.4f,%lld,%s\n",
                          "zipvl_select", static_cast<long long>(H),
                          static_cast<long long>(Hkv), static_cast<long long>(d), static_cast<long long>(n),
-                         t[t.size() / 2], s.kept_ratio(), static_cast<long long>(s.p.at(0)),
+                         med, s.kept_ratio(), static_cast<long long>(s.p.at(0)),
                          "probes 64+64 layer-wise tau 0.975");
             std::fflush(out);
-            std::fprintf(stderr, "n %lld: %.1f us, kept %.3f, p %lld\n", static_cast<long long>(n), t[t.size() / 2],
+            std::fprintf(stderr, "n %lld: %.1f us, kept %.3f, p %lld\n", static_cast<long long>(n), med,
                          s.kept_ratio(), static_cast<long long>(s.p.at(0)));
         }
     }
-    cudaFree(flush);
     if (out != stdout) std::fclose(out);
     return 0;
 }

@@ -22,6 +22,11 @@
 #   seltorch bench/torch_select_bench.py (cuDNN / flash prefill, selection with PyTorch ops), appended
 #                                                                       -> OUTDIR/select.csv
 #   selreport bench/cuda_select_report.py                               -> OUTDIR/select_report.md
+#   prefbench build-gpu/bench/cuda_prefill_bench (dense, block-sparse, token-sparse prefill; mask
+#            descriptions into build-gpu/prefill-masks/)                -> OUTDIR/prefill.csv
+#   preftorch bench/torch_prefill_bench.py (SDPA cuDNN / flash, FlexAttention with the same masks,
+#            gather + SDPA), appended                                   -> OUTDIR/prefill.csv
+#   prefreport bench/cuda_prefill_report.py                             -> OUTDIR/prefill_report.md
 # (the output of bench, torch and report -> OUTDIR/bench.log), then a short summary on stdout, also
 # appended to OUTDIR/device.txt; the exit status is 1 when any step failed. At most 11 files.
 #
@@ -33,7 +38,9 @@
 # "--quick" or "--reps 51"), TORCH_BENCH_ARGS (one torch_decode_bench.py call with these arguments
 # instead of the three default grids, e.g. "--batch 1 --n 16384"), STEP_TIMEOUT (seconds per step,
 # default 1200), SELECT_BENCH_ARGS (cuda_select_bench, e.g. "--quick"), SELECT_TORCH_ARGS
-# (torch_select_bench.py, e.g. "--n 8192,16384"), PYTHON (python3).
+# (torch_select_bench.py, e.g. "--n 8192,16384"), PREFILL_BENCH_ARGS (cuda_prefill_bench, e.g.
+# "--quick"), PREFILL_TORCH_ARGS (torch_prefill_bench.py, e.g. "--n 8192,16384"), PYTHON (python3).
+# The prefill steps run only when named in STEPS.
 set -uo pipefail
 if [ $# -ne 1 ]; then
   echo "usage: bash bench/run_cuda.sh OUTDIR" >&2
@@ -55,7 +62,7 @@ tmo=${STEP_TIMEOUT:-1200}
 python=${PYTHON:-python3}
 summary=()
 failed=0
-rm -f "$out"/{device.txt,build.log,cuda-tests.log,memcheck.log,bench.log,report.md,select.csv,select_report.md}
+rm -f "$out"/{device.txt,build.log,cuda-tests.log,memcheck.log,bench.log,report.md,select.csv,select_report.md,prefill.csv,prefill_report.md}
 
 export bdir arch out python
 # step NAME LOG COMMAND...: runs COMMAND, a program or a function of this script (output to LOG,
@@ -197,6 +204,24 @@ fi
 
 if want selreport; then
   step selreport "$out/bench.log" "$python" bench/cuda_select_report.py "$out/select.csv" --out "$out/select_report.md"
+fi
+
+if want prefbench; then
+  if [ -x "$bdir/bench/cuda_prefill_bench" ]; then
+    # shellcheck disable=SC2086
+    step prefbench "$out/bench.log" "$bdir/bench/cuda_prefill_bench" --out "$out/prefill.csv" --masks "$bdir/prefill-masks" ${PREFILL_BENCH_ARGS:-}
+  else
+    skip prefbench "no benchmark executable"
+  fi
+fi
+
+if want preftorch; then
+  # shellcheck disable=SC2086
+  step preftorch "$out/bench.log" "$python" bench/torch_prefill_bench.py --masks "$bdir/prefill-masks" --out "$out/prefill.csv" --append ${PREFILL_TORCH_ARGS:-}
+fi
+
+if want prefreport; then
+  step prefreport "$out/bench.log" "$python" bench/cuda_prefill_report.py "$out/prefill.csv" --out "$out/prefill_report.md"
 fi
 
 {

@@ -1,0 +1,486 @@
+// vlsparse/cuda/prefill.cuh -- prefill attention on the GPU's tensor cores (namespace vlsparse::cuda):
+// dense causal, token-sparse over index lists (ZipVL), and block-sparse from per-head mask templates
+// (BlindSight's templates, PureKV's spatial-temporal video masks). The same equations as the
+// reference (vlsparse/reference/attention.hpp, reference::masked_attention):
+//
+//   out[i,h] = sum_{j allowed for (i, h)} softmax_j(scale * q_{i,h} . k_{j,g}) v_{j,g},   g = h / (H / H_kv)
+//
+//   dense_prefill_attention(q, k, v, out, opt, stream)            allowed: j <= pos(i) = n_k - n_q + i
+//   sparse_prefill_attention(q, k, v, lists, out, unselected, ...)  ZipVL: i and j in T_g, j <= i; rows not
+//                                                                   in T_g zero or attending to T_g's keys
+//                                                                   at or before them (UnselectedRows)
+//   MaskedPrefillPlan plan(ctx, heads, H_kv);                      once per prompt (every layer reuses it)
+//   masked_prefill_attention(plan, q, k, v, out, opt, stream)      allowed: ctx.allows(heads[h], i, j)
+//
+// q [n_q, H, d], k, v [n_k, H_kv, d], out [n_q, H, d] are device views. Inputs bf16 or fp16 (q, k, v of
+// one type), head_dim 64 or 128, unit inner stride, rows 16-byte aligned; out fp32, fp16 or bf16, any
+// strides. Kernel: prefill/kernels_mma.cuh (mma.sync, sm_80+; fp32 accumulation, P rounded to the input
+// type as in FlashAttention). The dense and token-sparse front ends pack the query heads of a KV
+// group into one block's rows, so each K / V tile is loaded once for the group; the token-sparse
+// front end reads the kept rows of q, k and v in place (no gather pass). The block-sparse front end
+// cuts the keys each query block may see into segments from the mask (block_counts of
+// vlsparse/masks/block_mask.hpp at 64-key granularity): segments every row sees whole run without a
+// mask, causal ones with a position compare, and only the rest evaluate the template per element.
+//
+// Checks (vlsparse::error, before anything is launched): types, shapes, strides, alignment, aliasing,
+// the host list bounds. opt.check_inputs (default on): a small kernel checks the device lists
+// (ascending, unique, in range) and the host waits for its verdict. opt.check_finite (default on): the
+// host waits and a non-finite output (NaN / Inf in q, k or v rows that were read, or an fp32 overflow
+// of a score) is an error; rows and keys a mask excludes are not read, so not checked. Engines turn
+// both off in production (no synchronization) and validate where their data is produced.
+// Include: this header, from a .cu translation unit (nvcc, C++20).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "vlsparse/attention/common.hpp"
+#include "vlsparse/core/dtype.hpp"
+#include "vlsparse/core/error.hpp"
+#include "vlsparse/core/tensor.hpp"
+#include "vlsparse/cuda/common.cuh"
+#include "vlsparse/cuda/prefill/kernels_mma.cuh"
+#include "vlsparse/masks/block_mask.hpp"
+#include "vlsparse/masks/templates.hpp"
+
+namespace vlsparse::cuda {
+
+struct PrefillOptions {
+    float scale = 0.0f;         // softmax scale; 0: 1/sqrt(head_dim) (computed in double, rounded to fp32)
+    bool check_inputs = true;   // token-sparse: check the device lists on the device (waits for the stream)
+    bool check_finite = true;   // wait for the stream; a non-finite output is a vlsparse::error
+};
+
+// Token lists on the device for the token-sparse front end: lists() lists (1: shared by every KV head,
+// or H_kv: one per KV head) of ascending unique positions in [0, n), CSR. indptr is the host copy of
+// the offsets (it sizes the launch), indptr_dev the same array on the device.
+struct DeviceTokenLists {
+    std::int64_t n = 0;
+    std::span<const std::int32_t> indptr;  // host [lists + 1]
+    const std::int32_t* indptr_dev = nullptr;
+    const std::int32_t* indices = nullptr;
+    std::int64_t lists() const { return static_cast<std::int64_t>(indptr.size()) - 1; }
+};
+
+namespace detail {
+
+inline constexpr int kPrefillBadList = 1;  // report code of prefill_check_lists_kernel
+
+// One block per list: entries ascending, unique, in [0, n), and the device indptr equal to the host's.
+__global__ void prefill_check_lists_kernel(const std::int32_t* indptr, const std::int32_t* indices,
+                                           const std::int32_t* indptr_host_copy, int lists, int n,
+                                           long long* report) {
+    const int l = blockIdx.x;
+    if (l >= lists) return;
+    const int b = indptr[l], e = indptr[l + 1];
+    if (threadIdx.x == 0 && (b != indptr_host_copy[l] || e != indptr_host_copy[l + 1])) {
+        atomicMin(reinterpret_cast<unsigned long long*>(report), static_cast<unsigned long long>(l) << 32 | 0xffffffffu);
+        return;
+    }
+    if (b != indptr_host_copy[l] || e != indptr_host_copy[l + 1]) return;
+    for (int i = b + static_cast<int>(threadIdx.x); i < e; i += blockDim.x) {
+        const int x = indices[i];
+        const bool ok = x >= 0 && x < n && (i == b || indices[i - 1] < x);
+        if (!ok)
+            atomicMin(reinterpret_cast<unsigned long long*>(report),
+                      static_cast<unsigned long long>(l) << 32 | static_cast<unsigned>(i - b));
+    }
+}
+
+template <class T>
+std::size_t prefill_span_bytes(const View3<T>& v) {
+    std::int64_t last = 0;
+    for (int i = 0; i < 3; ++i) last += (v.shape[i] - 1) * v.stride[i];
+    return static_cast<std::size_t>(last + 1) * sizeof(T);
+}
+inline bool prefill_overlaps(const void* a, std::size_t na, const void* b, std::size_t nb) {
+    const auto pa = reinterpret_cast<std::uintptr_t>(a), pb = reinterpret_cast<std::uintptr_t>(b);
+    return pa < pb + nb && pb < pa + na;
+}
+
+// Host checks shared by the front ends; fills the kernel arguments' tensor fields.
+template <class T, class TO>
+void prefill_common(View3<const T> q, View3<const T> k, View3<const T> v, View3<TO> out, const PrefillOptions& opt,
+                    PrefillArgs& a, const char* fn) {
+    using ::vlsparse::detail::require;
+    static_assert(std::is_same_v<T, bfloat16> || std::is_same_v<T, half>,
+                  "the GPU prefill takes bf16 or fp16 q, k, v (fp32 accumulation)");
+    const std::int64_t nq = q.shape[0], H = q.shape[1], d = q.shape[2], nk = k.shape[0], Hkv = k.shape[1];
+    require(nq >= 1 && H >= 1 && d >= 1, fn, "q has shape [", nq, ", ", H, ", ", d, "], expected non-empty [n_q, H, d]");
+    require(k.shape == v.shape, fn, "k has shape [", nk, ", ", Hkv, ", ", k.shape[2], "] and v [", v.shape[0], ", ",
+            v.shape[1], ", ", v.shape[2], "], expected equal");
+    require(k.shape[2] == d, fn, "k has head_dim ", k.shape[2], ", q has ", d, "; expected equal");
+    require(Hkv >= 1 && H % Hkv == 0, fn, "H = ", H, " query heads is not a multiple of H_kv = ", Hkv);
+    require(nq <= nk, fn, "q has ", nq, " tokens and k has ", nk, ", expected n_q <= n_k");
+    require(nk <= (std::int64_t{1} << 30), fn, "k has ", nk, " tokens, at most 2^30 are supported");
+    require(d == 64 || d == 128, fn, "head_dim = ", d, "; the tensor-core prefill takes 64 or 128");
+    require(out.shape[0] == nq && out.shape[1] == H && out.shape[2] == d, fn, "out has shape [", out.shape[0], ", ",
+            out.shape[1], ", ", out.shape[2], "], expected [", nq, ", ", H, ", ", d, "]");
+    require(q.data && k.data && v.data && out.data, fn, "q, k, v and out must be device pointers, got null");
+    auto rows_ok = [](const auto& x) {
+        return x.stride[2] == 1 && x.stride[0] % 8 == 0 && x.stride[1] % 8 == 0 &&
+               reinterpret_cast<std::uintptr_t>(x.data) % 16 == 0;
+    };
+    require(rows_ok(q) && rows_ok(k) && rows_ok(v), fn,
+            "q, k and v need unit inner stride, row and head strides that are multiples of 8 elements and a "
+            "16-byte aligned base (the tensor cores read 16-byte chunks)");
+    const std::size_t ob = prefill_span_bytes(out);
+    require(!prefill_overlaps(out.data, ob, q.data, prefill_span_bytes(q)) &&
+                !prefill_overlaps(out.data, ob, k.data, prefill_span_bytes(k)) &&
+                !prefill_overlaps(out.data, ob, v.data, prefill_span_bytes(v)),
+            fn, "output out aliases an input; expected separate buffers");
+    const float scale = ::vlsparse::detail::resolve_scale(AttentionOptions{opt.scale, false}, d, fn);
+    a.q = q.data;
+    a.k = k.data;
+    a.v = v.data;
+    a.out = out.data;
+    a.q_s0 = q.stride[0];
+    a.q_s1 = q.stride[1];
+    a.k_s0 = k.stride[0];
+    a.k_s1 = k.stride[1];
+    a.v_s0 = v.stride[0];
+    a.v_s1 = v.stride[1];
+    a.o_s0 = out.stride[0];
+    a.o_s1 = out.stride[1];
+    a.o_s2 = out.stride[2];
+    a.H = static_cast<int>(H);
+    a.Hkv = static_cast<int>(Hkv);
+    a.G = static_cast<int>(H / Hkv);
+    a.scale_log2 = static_cast<float>(static_cast<double>(scale) * 1.4426950408889634);
+}
+
+template <class T, class TO, int D>
+void launch_prefill_d(const PrefillArgs& a, dim3 grid, cudaStream_t stream, const char* fn) {
+    constexpr std::size_t smem = PrefillShape<D>::smem_bytes();
+    static const cudaError_t attr = cudaFuncSetAttribute(prefill_mma_kernel<T, TO, D>,
+                                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                         static_cast<int>(smem));
+    check_cuda(attr, fn, "cudaFuncSetAttribute");
+    prefill_mma_kernel<T, TO, D><<<grid, kPrefillThreads, smem, stream>>>(a);
+    check_launch(fn, "prefill_mma_kernel");
+}
+
+// Launches the kernel, with the status word and the final wait when opt.check_finite.
+template <class T, class TO>
+void launch_prefill(PrefillArgs a, int d, dim3 grid, const PrefillOptions& opt, cudaStream_t stream, const char* fn) {
+    int* status = nullptr;
+    if (opt.check_finite) {
+        check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&status), sizeof(int), stream), fn, "cudaMallocAsync");
+        check_cuda(cudaMemsetAsync(status, 0, sizeof(int), stream), fn, "cudaMemsetAsync");
+    }
+    a.status = status;
+    if (grid.x > 0 && grid.y > 0) {
+        if (d == 64) launch_prefill_d<T, TO, 64>(a, grid, stream, fn);
+        else launch_prefill_d<T, TO, 128>(a, grid, stream, fn);
+    }
+    if (status) {
+        int flag = 0;
+        check_cuda(cudaMemcpyAsync(&flag, status, sizeof(int), cudaMemcpyDeviceToHost, stream), fn, "cudaMemcpyAsync");
+        check_cuda(cudaFreeAsync(status, stream), fn, "cudaFreeAsync");
+        check_cuda(cudaStreamSynchronize(stream), fn, "cudaStreamSynchronize");
+        ::vlsparse::detail::require(flag == 0, fn,
+                                    "non-finite attention output: NaN / Inf in q, k or v (in a row the attention "
+                                    "reads), or an fp32 overflow of a score");
+    }
+}
+
+}  // namespace detail
+
+// Dense causal prefill: query row i (position n_k - n_q + i) attends to keys 0 .. its position.
+template <ElementType T, OutputElement TO>
+    requires ElementType<TO>
+void dense_prefill_attention(View3<const T> q, View3<const T> k, View3<const T> v, View3<TO> out,
+                             const PrefillOptions& opt = {}, cudaStream_t stream = nullptr) {
+    constexpr const char* fn = "cuda::dense_prefill_attention";
+    detail::PrefillArgs a;
+    detail::prefill_common(q, k, v, out, opt, a, fn);
+    a.hp = a.G;
+    a.n_rows = static_cast<int>(q.shape[0]);
+    a.q_offset = static_cast<int>(k.shape[0] - q.shape[0]);
+    const auto m = static_cast<std::int64_t>(a.n_rows) * a.hp;
+    const dim3 grid(static_cast<unsigned>((m + detail::kPrefillRows - 1) / detail::kPrefillRows),
+                    static_cast<unsigned>(a.Hkv));
+    detail::launch_prefill<T, TO>(a, static_cast<int>(q.shape[2]), grid, opt, stream, fn);
+}
+
+// Token-sparse prefill (ZipVL), n_q == n_k == lists.n: query head h of KV head g with kept list T_g
+// (lists.lists() == 1: one list for all) -- a query i in T_g attends to the keys j in T_g with j <= i;
+// a query not in T_g is written as zero (UnselectedRows::zero) or attends to the keys of T_g at or
+// before it (attend_selected; none: zero). As reference::sparse_attention.
+template <ElementType T, OutputElement TO>
+    requires ElementType<TO>
+void sparse_prefill_attention(View3<const T> q, View3<const T> k, View3<const T> v, const DeviceTokenLists& lists,
+                              View3<TO> out, UnselectedRows unselected = UnselectedRows::zero,
+                              const PrefillOptions& opt = {}, cudaStream_t stream = nullptr) {
+    constexpr const char* fn = "cuda::sparse_prefill_attention";
+    using ::vlsparse::detail::require;
+    detail::PrefillArgs a;
+    detail::prefill_common(q, k, v, out, opt, a, fn);
+    const std::int64_t n = q.shape[0];
+    require(k.shape[0] == n, fn, "q has ", n, " tokens and k has ", k.shape[0], ", expected equal (token-sparse prefill)");
+    require(lists.n == n, fn, "the lists refer to ", lists.n, " tokens, the input has ", n);
+    const std::int64_t L = lists.lists();
+    require(L == 1 || L == a.Hkv, fn, "got ", L, " lists, expected 1 (shared) or H_kv = ", a.Hkv);
+    require(lists.indptr_dev && (lists.indices || lists.indptr.back() == 0), fn,
+            "null device pointer in the lists (indptr_dev / indices)");
+    require(unselected == UnselectedRows::zero || unselected == UnselectedRows::attend_selected, fn,
+            "unselected has value ", static_cast<int>(unselected), ", expected zero or attend_selected");
+    require(lists.indptr[0] == 0, fn, "indptr[0] = ", lists.indptr[0], ", expected 0");
+    std::int64_t longest = 0;
+    for (std::int64_t l = 0; l < L; ++l) {
+        const std::int64_t c = lists.indptr[static_cast<std::size_t>(l) + 1] - lists.indptr[static_cast<std::size_t>(l)];
+        require(c >= 0 && c <= n, fn, "list ", l, " has ", c, " entries (indptr ", lists.indptr[static_cast<std::size_t>(l)],
+                " .. ", lists.indptr[static_cast<std::size_t>(l) + 1], "), expected 0 .. n = ", n);
+        longest = std::max(longest, c);
+    }
+    if (opt.check_inputs && lists.indptr.back() > 0) {
+        long long* rep = nullptr;
+        std::int32_t* host_copy = nullptr;
+        const std::size_t ib = lists.indptr.size() * sizeof(std::int32_t);
+        detail::check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&rep), sizeof(long long) + ib, stream), fn,
+                           "cudaMallocAsync");
+        host_copy = reinterpret_cast<std::int32_t*>(rep + 1);
+        detail::check_cuda(cudaMemsetAsync(rep, 0xff, sizeof(long long), stream), fn, "cudaMemsetAsync");
+        detail::check_cuda(cudaMemcpyAsync(host_copy, lists.indptr.data(), ib, cudaMemcpyHostToDevice, stream), fn,
+                           "cudaMemcpyAsync");
+        detail::prefill_check_lists_kernel<<<static_cast<unsigned>(L), 256, 0, stream>>>(
+            lists.indptr_dev, lists.indices, host_copy, static_cast<int>(L), static_cast<int>(n), rep);
+        detail::check_launch(fn, "prefill_check_lists_kernel");
+        unsigned long long r = 0;
+        detail::check_cuda(cudaMemcpyAsync(&r, rep, sizeof(r), cudaMemcpyDeviceToHost, stream), fn, "cudaMemcpyAsync");
+        detail::check_cuda(cudaFreeAsync(rep, stream), fn, "cudaFreeAsync");
+        detail::check_cuda(cudaStreamSynchronize(stream), fn, "cudaStreamSynchronize");
+        if (r != ~0ull) {
+            const auto l = static_cast<std::int64_t>(r >> 32), e = static_cast<std::int64_t>(r & 0xffffffffu);
+            require(e != 0xffffffff, fn, "the device indptr of list ", l, " differs from the host indptr");
+            require(false, fn, "list ", l, " entry ", e, ": expected ascending unique positions in [0, ", n, ")");
+        }
+    }
+    a.hp = a.G;
+    a.keys_list = lists.indices;
+    a.keys_indptr = lists.indptr_dev;
+    a.keys_per_group = L == 1 ? 0 : 1;
+    a.q_offset = 0;
+    std::int64_t rows = longest;
+    if (unselected == UnselectedRows::attend_selected) {
+        a.n_rows = static_cast<int>(n);  // every row attends to the kept keys at or before it
+        rows = n;
+    } else {
+        a.rows_list = lists.indices;
+        a.rows_indptr = lists.indptr_dev;
+        a.rows_per_group = a.keys_per_group;
+        const std::int64_t total = out.shape[0] * out.shape[1] * out.shape[2];
+        const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((total + 255) / 256, 4096));
+        detail::prefill_zero_kernel<TO><<<blocks, 256, 0, stream>>>(out.data, out.shape[0], static_cast<int>(out.shape[1]),
+                                                                   static_cast<int>(out.shape[2]), out.stride[0],
+                                                                   out.stride[1], out.stride[2]);
+        detail::check_launch(fn, "prefill_zero_kernel");
+    }
+    const std::int64_t m = rows * a.hp;
+    const dim3 grid(static_cast<unsigned>((m + detail::kPrefillRows - 1) / detail::kPrefillRows),
+                    static_cast<unsigned>(a.Hkv));
+    detail::launch_prefill<T, TO>(a, static_cast<int>(q.shape[2]), grid, opt, stream, fn);
+}
+
+// The block-sparse description of one prompt's per-head masks on the device: query blocks (each text
+// run and each image or video frame cut into blocks of at most 128 rows), and for each distinct
+// template and query block the key segments, each marked full / causal / general. Made once per
+// prompt; every layer with the same head templates reuses it.
+class MaskedPrefillPlan {
+public:
+    MaskedPrefillPlan() = default;
+    MaskedPrefillPlan(const MaskContext& ctx, std::span<const MaskTemplate> heads, std::int64_t n_kv_heads) {
+        plan(ctx, heads, n_kv_heads);
+    }
+
+    void plan(const MaskContext& ctx, std::span<const MaskTemplate> heads, std::int64_t n_kv_heads) {
+        constexpr const char* fn = "cuda::MaskedPrefillPlan::plan";
+        using ::vlsparse::detail::require;
+        const std::int64_t H = static_cast<std::int64_t>(heads.size());
+        // make_block_mask validates the context and the templates (and computes the full / partial blocks
+        // the docs and benchmarks report); the segments come from the same per-block counts.
+        const BlockMask bm = make_block_mask(ctx, heads, detail::kPrefillRows, detail::kPrefillKeys);
+        require(n_kv_heads >= 1 && H % n_kv_heads == 0, fn, "H = ", H, " head templates is not a multiple of H_kv = ",
+                n_kv_heads);
+        require(ctx.n <= (std::int64_t{1} << 30), fn, "the mask covers ", ctx.n, " tokens, at most 2^30 are supported");
+        n_ = ctx.n;
+        H_ = H;
+        Hkv_ = n_kv_heads;
+        const std::int64_t kb = detail::kPrefillKeys, nkb = (n_ + kb - 1) / kb;
+        const auto& qs = bm.q_block_start;
+        const std::int64_t nqb = bm.n_q_blocks;
+        std::vector<detail::PrefillSegment> segs;
+        std::vector<std::int64_t> seg_off;  // [template][qb] -> first segment, (4 * nqb + 1) entries
+        std::vector<std::int64_t> work;     // [template][qb] -> rows x tile-rounded keys
+        allowed_ = computed_ = 0;
+        std::int64_t allowed_t[4] = {0, 0, 0, 0}, computed_t[4] = {0, 0, 0, 0};
+        bool used[4] = {false, false, false, false};
+        for (auto t : heads) used[static_cast<int>(t)] = true;
+        seg_off.assign(static_cast<std::size_t>(4 * nqb + 1), 0);
+        work.assign(static_cast<std::size_t>(4 * nqb), 0);
+        for (int t = 0; t < 4; ++t) {
+            if (!used[t]) {
+                for (std::int64_t b = 0; b < nqb; ++b) seg_off[static_cast<std::size_t>(t * nqb + b + 1)] = static_cast<std::int64_t>(segs.size());
+                continue;
+            }
+            const auto st = ::vlsparse::detail::block_counts(ctx, static_cast<MaskTemplate>(t), qs, kb, nkb);
+            for (std::int64_t b = 0; b < nqb; ++b) {
+                const std::int64_t r0 = qs[static_cast<std::size_t>(b)], r1 = qs[static_cast<std::size_t>(b) + 1];
+                const std::int64_t rows = r1 - r0;
+                const std::size_t first = segs.size();
+                std::int64_t cols = 0;
+                for (std::int64_t c = 0; c < nkb; ++c) {
+                    const auto i = static_cast<std::size_t>(b * nkb + c);
+                    if (st.cnt[i] == 0) continue;
+                    const std::int64_t lo = st.lo[i], hi = st.hi[i];
+                    int kind = detail::kSegGeneral;
+                    if (st.cnt[i] == rows * (hi - lo)) {
+                        kind = detail::kSegFull;
+                    } else if (!ctx.bidirectional_images) {
+                        // Every mask is causal without bidirectional images (allowed pairs are a subset of
+                        // j <= i), so an equal count means the allowed pairs are exactly the causal ones.
+                        std::int64_t causal = 0;
+                        for (std::int64_t r = r0; r < r1; ++r) causal += std::max<std::int64_t>(0, std::min(hi, r + 1) - lo);
+                        if (causal == st.cnt[i]) kind = detail::kSegCausal;
+                    }
+                    allowed_t[t] += st.cnt[i];
+                    auto merge_kind = [&](int a, int b2) {  // kinds two touching segments merge into, or -1
+                        if (a == b2) return a;
+                        if (!ctx.bidirectional_images && (a == detail::kSegFull || a == detail::kSegCausal) &&
+                            (b2 == detail::kSegFull || b2 == detail::kSegCausal))
+                            return static_cast<int>(detail::kSegCausal);
+                        return -1;
+                    };
+                    if (segs.size() > first && segs.back().hi == lo && merge_kind(segs.back().kind, kind) >= 0) {
+                        segs.back().kind = merge_kind(segs.back().kind, kind);
+                        segs.back().hi = static_cast<int>(hi);
+                    } else {
+                        segs.push_back({static_cast<int>(lo), static_cast<int>(hi), kind, 0});
+                    }
+                }
+                for (std::size_t s = first; s < segs.size(); ++s) {
+                    cols += (segs[s].hi - segs[s].lo + kb - 1) / kb * kb;
+                    computed_t[t] += rows * (segs[s].hi - segs[s].lo);
+                }
+                work[static_cast<std::size_t>(t * nqb + b)] = rows * cols;
+                seg_off[static_cast<std::size_t>(t * nqb + b + 1)] = static_cast<std::int64_t>(segs.size());
+            }
+        }
+        std::vector<detail::PrefillItem> items;
+        std::vector<std::int64_t> item_work;
+        for (std::int64_t h = 0; h < H; ++h) {
+            const int t = static_cast<int>(heads[static_cast<std::size_t>(h)]);
+            for (std::int64_t b = 0; b < nqb; ++b) {
+                const auto i = static_cast<std::size_t>(t * nqb + b);
+                const auto s0 = seg_off[i], s1 = seg_off[i + 1];
+                if (s0 == s1) continue;  // cannot happen (a row sees itself), kept for safety
+                items.push_back({static_cast<int>(h), static_cast<int>(qs[static_cast<std::size_t>(b)]),
+                                 static_cast<int>(qs[static_cast<std::size_t>(b) + 1]), static_cast<int>(s0),
+                                 static_cast<int>(s1), 0, 0, 0});
+                item_work.push_back(work[i]);
+            }
+        }
+        for (std::int64_t h = 0; h < H; ++h) {
+            const int t = static_cast<int>(heads[static_cast<std::size_t>(h)]);
+            allowed_ += allowed_t[t];
+            computed_ += computed_t[t];
+        }
+        // Longest items first: the tail of the launch is short blocks.
+        std::vector<std::size_t> order(items.size());
+        std::iota(order.begin(), order.end(), std::size_t{0});
+        std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return item_work[x] > item_work[y]; });
+        std::vector<detail::PrefillItem> sorted(items.size());
+        for (std::size_t i = 0; i < order.size(); ++i) sorted[i] = items[order[i]];
+        require(sorted.size() < (std::size_t{1} << 31), fn, "too many blocks: ", sorted.size());
+
+        std::vector<std::int32_t> img(ctx.token_image.begin(), ctx.token_image.end());
+        std::vector<std::int32_t> istart(ctx.image_start.begin(), ctx.image_start.end());
+        std::vector<std::int32_t> iend(ctx.image_end.begin(), ctx.image_end.end());
+        std::vector<std::int32_t> frames(static_cast<std::size_t>(ctx.images()), 0);
+        for (std::size_t i = 0; i < ctx.image_frame_tokens.size() && i < frames.size(); ++i)
+            frames[i] = static_cast<std::int32_t>(ctx.image_frame_tokens[i]);
+        std::vector<std::uint8_t> tmpl(heads.size());
+        for (std::size_t h = 0; h < heads.size(); ++h) tmpl[h] = static_cast<std::uint8_t>(heads[h]);
+        items_ = DeviceArray<detail::PrefillItem>(sorted);
+        segs_ = DeviceArray<detail::PrefillSegment>(segs);
+        token_image_ = DeviceArray<std::int32_t>(img);
+        token_sink_ = DeviceArray<std::uint8_t>(ctx.token_sink);
+        image_start_ = DeviceArray<std::int32_t>(istart);
+        image_end_ = DeviceArray<std::int32_t>(iend);
+        frame_tokens_ = DeviceArray<std::int32_t>(frames);
+        head_template_ = DeviceArray<std::uint8_t>(tmpl);
+        mask_.token_image = token_image_.data();
+        mask_.token_sink = token_sink_.data();
+        mask_.image_start = image_start_.data();
+        mask_.image_end = image_end_.data();
+        mask_.frame_tokens = frame_tokens_.data();
+        mask_.head_template = head_template_.data();
+        mask_.bidirectional = ctx.bidirectional_images ? 1 : 0;
+        mask_.video = static_cast<int>(ctx.video);
+        mask_.video_window = static_cast<int>(ctx.video_window);
+        mask_.video_dilation = static_cast<int>(ctx.video_dilation);
+        n_items_ = static_cast<std::int64_t>(sorted.size());
+        n_segments_ = static_cast<std::int64_t>(segs.size());
+        block_pairs_ = bm.computed_pairs();
+    }
+
+    bool planned() const { return n_ > 0; }
+    std::int64_t n() const { return n_; }
+    std::int64_t n_heads() const { return H_; }
+    std::int64_t n_kv_heads() const { return Hkv_; }
+    std::int64_t blocks() const { return n_items_; }
+    std::int64_t segments() const { return n_segments_; }
+    // (query, key) pairs the mask allows, summed over heads (the work an ideal kernel does).
+    std::int64_t allowed_pairs() const { return allowed_; }
+    // Pairs inside the segments (rows x keys of each segment, summed over heads and query blocks): the
+    // pairs the kernel computes, before tiles of 64 keys round each segment up.
+    std::int64_t computed_pairs() const { return computed_; }
+    // The same measure for 128 x 64 blocks trimmed to their allowed key range (BlockMask::computed_pairs).
+    std::int64_t block_mask_pairs() const { return block_pairs_; }
+
+    // Kernel arguments (internal).
+    const detail::PrefillItem* device_items() const { return items_.data(); }
+    const detail::PrefillSegment* device_segments() const { return segs_.data(); }
+    const detail::DeviceMask& device_mask() const { return mask_; }
+
+private:
+    std::int64_t n_ = 0, H_ = 0, Hkv_ = 0, n_items_ = 0, n_segments_ = 0, allowed_ = 0, computed_ = 0, block_pairs_ = 0;
+    DeviceArray<detail::PrefillItem> items_;
+    DeviceArray<detail::PrefillSegment> segs_;
+    DeviceArray<std::int32_t> token_image_, image_start_, image_end_, frame_tokens_;
+    DeviceArray<std::uint8_t> token_sink_, head_template_;
+    detail::DeviceMask mask_;
+};
+
+// Block-sparse prefill over the plan's per-head masks: out[i, h] attends to the keys j with
+// ctx.allows(heads[h], i, j) (n_q == n_k == ctx.n). As reference::masked_attention.
+template <ElementType T, OutputElement TO>
+    requires ElementType<TO>
+void masked_prefill_attention(const MaskedPrefillPlan& plan, View3<const T> q, View3<const T> k, View3<const T> v,
+                              View3<TO> out, const PrefillOptions& opt = {}, cudaStream_t stream = nullptr) {
+    constexpr const char* fn = "cuda::masked_prefill_attention";
+    using ::vlsparse::detail::require;
+    require(plan.planned(), fn, "the plan is empty; call MaskedPrefillPlan::plan first");
+    detail::PrefillArgs a;
+    detail::prefill_common(q, k, v, out, opt, a, fn);
+    require(q.shape[0] == plan.n() && k.shape[0] == plan.n(), fn, "q has ", q.shape[0], " tokens and k ", k.shape[0],
+            "; the plan covers ", plan.n(), " (masked prefill: n_q == n_k == n)");
+    require(q.shape[1] == plan.n_heads() && k.shape[1] == plan.n_kv_heads(), fn, "q has ", q.shape[1],
+            " heads and k ", k.shape[1], "; the plan was made for H = ", plan.n_heads(), ", H_kv = ", plan.n_kv_heads());
+    a.hp = 1;
+    a.items = plan.device_items();
+    a.segs = plan.device_segments();
+    a.mask = plan.device_mask();
+    const dim3 grid(static_cast<unsigned>(plan.blocks()), 1);
+    detail::launch_prefill<T, TO>(a, static_cast<int>(q.shape[2]), grid, opt, stream, fn);
+}
+
+}  // namespace vlsparse::cuda
