@@ -1,6 +1,7 @@
 // GPU prefill benchmark: vlsparse's tensor-core prefill (vlsparse/cuda/prefill.cuh) over the shapes of
 // "CUDA III" (bf16, H = 28, H_kv = 4, d = 128, batch 1, n = 8K .. 32K):
-//   dense_causal           dense_prefill_attention
+//   dense_causal           dense_prefill_attention (PrefillKernel::automatic: wgmma on an H100 with sm_90a code)
+//   dense_causal_mma_sync  the same on the portable mma.sync path (PrefillKernel::mma_sync)
 //   blindsight_<template>  masked_prefill_attention, every head on one template, on 8 images with 64 text
 //                          tokens around and between them (the issue's Document layout)
 //   blindsight_mixed       the same layout, the 28 heads cycling through the four templates
@@ -106,7 +107,9 @@ int main(int argc, char** argv) {
     std::fprintf(out, "impl,case,dtype,H,H_kv,d,n,time_us,pairs,tflops,note\n");
     cudaDeviceProp prop{};
     VLSPARSE_BENCH_CK(cudaGetDeviceProperties(&prop, 0));
-    std::fprintf(stderr, "device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+    const bool wgmma = cuda::prefill_uses_wgmma();
+    std::fprintf(stderr, "device: %s, %d SMs; prefill kernel: %s\n", prop.name, prop.multiProcessorCount,
+                 wgmma ? "wgmma (sm_90a)" : "mma.sync");
 
     const std::int64_t H = 28, Hkv = 4, d = 128;
     bench::EventTimer timer;
@@ -138,7 +141,13 @@ int main(int argc, char** argv) {
 
         if (want("dense_causal")) {
             const double us = timed([&] { cuda::dense_prefill_attention(qv, kv, vv, ov, opt); });
-            row("vlsparse", "dense_causal", us, H * n * (n + 1) / 2, "");
+            row("vlsparse", "dense_causal", us, H * n * (n + 1) / 2, wgmma ? "wgmma" : "mma.sync");
+        }
+        if (want("dense_causal_mma_sync")) {  // the portable path on the same GPU
+            cuda::PrefillOptions o2 = opt;
+            o2.kernel = cuda::PrefillKernel::mma_sync;
+            const double us = timed([&] { cuda::dense_prefill_attention(qv, kv, vv, ov, o2); });
+            row("vlsparse", "dense_causal_mma_sync", us, H * n * (n + 1) / 2, "mma.sync");
         }
 
         // BlindSight: 8 images with 64 text tokens around and between them.

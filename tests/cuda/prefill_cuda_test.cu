@@ -5,6 +5,9 @@
 // template alone and mixed per head, bidirectional images, custom sinks, every video mask. Outputs are
 // poisoned (0xff bytes: NaN) before each call, so an element the kernel does not write fails.
 //
+// Every case runs on both instruction paths of the kernel: PrefillKernel::automatic (wgmma on a Hopper
+// GPU with sm_90a code; VLSPARSE_EXPECT_WGMMA=1 makes that an assertion) and PrefillKernel::mma_sync.
+//
 // Two checks per case:
 //   - exact structure: q = 0 makes every allowed key's probability exactly 1 / count, and small integer
 //     values in V make the kernel's sum exact in fp32; the output must equal the reference's mean of
@@ -58,6 +61,20 @@ const char* type_name() {
     return std::is_same_v<T, bfloat16> ? "bf16" : "fp16";
 }
 
+// The instruction path the cases below run on (each TEST_CASE loops over kernel_paths()).
+cuda::PrefillKernel g_kernel = cuda::PrefillKernel::automatic;
+cuda::PrefillOptions opts() {
+    cuda::PrefillOptions o;
+    o.kernel = g_kernel;
+    return o;
+}
+const char* kernel_name() {
+    return g_kernel == cuda::PrefillKernel::mma_sync ? "mma.sync" : "automatic";
+}
+std::vector<cuda::PrefillKernel> kernel_paths() {
+    return {cuda::PrefillKernel::automatic, cuda::PrefillKernel::mma_sync};
+}
+
 enum class Fill { random, uniform };  // uniform: q = 0, V small integers (the exact-structure check)
 
 template <class T>
@@ -103,7 +120,7 @@ struct DeviceQkv {
 template <class T>
 void check_output(const std::vector<float>& got, const std::vector<double>& ref, const Qkv<T>& x, Fill fill,
                   const std::string& what) {
-    INFO(what << " (" << type_name<T>() << ", n_q " << x.nq << ", n_k " << x.nk << ", H " << x.H << "/" << x.Hkv
+    INFO(what << " (" << type_name<T>() << ", " << kernel_name() << ", n_q " << x.nq << ", n_k " << x.nk << ", H " << x.H << "/" << x.Hkv
               << ", d " << x.d << (fill == Fill::uniform ? ", exact-structure fill" : ", random fill") << ")");
     REQUIRE(got.size() == ref.size());
     const double bound = fill == Fill::uniform ? 0.0 : 2.2 * unit_roundoff<T>() * x.vmax + 1e-6;
@@ -152,7 +169,7 @@ void run_dense(std::int64_t nq, std::int64_t nk, std::int64_t H, std::int64_t Hk
                std::uint64_t seed) {
     const auto x = make_qkv<T>(nq, nk, H, Hkv, d, fill, seed);
     DeviceQkv<T> dv(x);
-    cuda::dense_prefill_attention(dv.qv, dv.kv, dv.vv, dv.ov);
+    cuda::dense_prefill_attention(dv.qv, dv.kv, dv.vv, dv.ov, opts());
     std::vector<double> ref(static_cast<std::size_t>(nq * H * d));
     reference::dense_attention(host_view(x.q, nq, H, d), host_view(x.k, nk, Hkv, d), host_view(x.v, nk, Hkv, d),
                                View3<double>(ref.data(), {nq, H, d}));
@@ -194,7 +211,7 @@ void run_sparse(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::int64_t d
     cuda::DeviceArray<std::int32_t> ip(L.indptr), ix(std::max<std::size_t>(1, L.indices.size()));
     if (!L.indices.empty()) ix.upload(L.indices);
     const cuda::DeviceTokenLists lists{n, L.indptr, ip.data(), ix.data()};
-    cuda::sparse_prefill_attention(dv.qv, dv.kv, dv.vv, lists, dv.ov, un);
+    cuda::sparse_prefill_attention(dv.qv, dv.kv, dv.vv, lists, dv.ov, un, opts());
     std::vector<double> ref(static_cast<std::size_t>(n * H * d));
     reference::sparse_attention(host_view(x.q, n, H, d), host_view(x.k, n, Hkv, d), host_view(x.v, n, Hkv, d), L.sel,
                                 View3<double>(ref.data(), {n, H, d}), un);
@@ -212,7 +229,7 @@ void run_masked(const MaskContext& ctx, const std::vector<MaskTemplate>& heads, 
     const auto x = make_qkv<T>(n, n, H, Hkv, d, fill, seed);
     DeviceQkv<T> dv(x);
     const cuda::MaskedPrefillPlan plan(ctx, heads, Hkv);
-    cuda::masked_prefill_attention(plan, dv.qv, dv.kv, dv.vv, dv.ov);
+    cuda::masked_prefill_attention(plan, dv.qv, dv.kv, dv.vv, dv.ov, opts());
     std::vector<double> ref(static_cast<std::size_t>(n * H * d));
     reference::masked_attention(host_view(x.q, n, H, d), host_view(x.k, n, Hkv, d), host_view(x.v, n, Hkv, d), ctx,
                                 std::span<const MaskTemplate>(heads), View3<double>(ref.data(), {n, H, d}));
@@ -266,77 +283,89 @@ double nmse_of(const std::vector<float>& got, const std::vector<float>& want) {
 }  // namespace
 
 TEST_CASE("cuda prefill: dense causal against the reference", "[cuda][prefill]") {
-    struct S {
-        std::int64_t nq, nk, H, Hkv, d;
-    };
-    const S shapes[] = {{1, 1, 4, 4, 64},     {5, 5, 8, 2, 128},    {64, 64, 4, 1, 64},  {130, 130, 28, 4, 128},
-                        {300, 300, 6, 3, 64}, {77, 500, 8, 2, 128}, {1, 200, 7, 1, 128}, {257, 257, 12, 2, 64},
-                        {1500, 1500, 2, 1, 128}};
-    std::uint64_t seed = 0;
-    for (const auto& s : shapes)
-        for (Fill f : {Fill::uniform, Fill::random}) {
-            run_dense<bfloat16>(s.nq, s.nk, s.H, s.Hkv, s.d, f, ++seed);
-            run_dense<vlsparse::half>(s.nq, s.nk, s.H, s.Hkv, s.d, f, ++seed);
-        }
+    for (const cuda::PrefillKernel path : kernel_paths()) {
+        g_kernel = path;
+        struct S {
+            std::int64_t nq, nk, H, Hkv, d;
+        };
+        const S shapes[] = {{1, 1, 4, 4, 64},     {5, 5, 8, 2, 128},    {64, 64, 4, 1, 64},  {130, 130, 28, 4, 128},
+                            {300, 300, 6, 3, 64}, {77, 500, 8, 2, 128}, {1, 200, 7, 1, 128}, {257, 257, 12, 2, 64},
+                            {1500, 1500, 2, 1, 128}};
+        std::uint64_t seed = 0;
+        for (const auto& s : shapes)
+            for (Fill f : {Fill::uniform, Fill::random}) {
+                run_dense<bfloat16>(s.nq, s.nk, s.H, s.Hkv, s.d, f, ++seed);
+                run_dense<vlsparse::half>(s.nq, s.nk, s.H, s.Hkv, s.d, f, ++seed);
+            }
+    }
+    g_kernel = cuda::PrefillKernel::automatic;
 }
 
 TEST_CASE("cuda prefill: token-sparse against the reference", "[cuda][prefill][zipvl]") {
-    std::uint64_t seed = 100;
-    struct S {
-        std::int64_t n, H, Hkv, d;
-    };
-    const S shapes[] = {{1, 4, 2, 64}, {70, 8, 2, 128}, {333, 28, 4, 128}, {600, 6, 3, 64}, {1000, 4, 1, 128}};
-    for (const auto& s : shapes)
-        for (std::int64_t groups : {std::int64_t{1}, s.Hkv})
-            for (double ratio : {0.3, 1.0, 0.0, -1.0})
-                for (UnselectedRows un : {UnselectedRows::zero, UnselectedRows::attend_selected})
-                    for (Fill f : {Fill::uniform, Fill::random}) {
-                        if (s.n > 600 && f == Fill::uniform && ratio != 0.3) continue;
-                        run_sparse<bfloat16>(s.n, s.H, s.Hkv, s.d, groups, ratio, un, f, ++seed);
-                        if (ratio == 0.3) run_sparse<vlsparse::half>(s.n, s.H, s.Hkv, s.d, groups, ratio, un, f, ++seed);
-                    }
+    for (const cuda::PrefillKernel path : kernel_paths()) {
+        g_kernel = path;
+        std::uint64_t seed = 100;
+        struct S {
+            std::int64_t n, H, Hkv, d;
+        };
+        const S shapes[] = {{1, 4, 2, 64}, {70, 8, 2, 128}, {333, 28, 4, 128}, {600, 6, 3, 64}, {1000, 4, 1, 128}};
+        for (const auto& s : shapes)
+            for (std::int64_t groups : {std::int64_t{1}, s.Hkv})
+                for (double ratio : {0.3, 1.0, 0.0, -1.0})
+                    for (UnselectedRows un : {UnselectedRows::zero, UnselectedRows::attend_selected})
+                        for (Fill f : {Fill::uniform, Fill::random}) {
+                            if (s.n > 600 && f == Fill::uniform && ratio != 0.3) continue;
+                            run_sparse<bfloat16>(s.n, s.H, s.Hkv, s.d, groups, ratio, un, f, ++seed);
+                            if (ratio == 0.3) run_sparse<vlsparse::half>(s.n, s.H, s.Hkv, s.d, groups, ratio, un, f, ++seed);
+                        }
+    }
+    g_kernel = cuda::PrefillKernel::automatic;
 }
 
 TEST_CASE("cuda prefill: block-sparse masks against the reference", "[cuda][prefill][blindsight][purekv]") {
-    std::uint64_t seed = 500;
-    struct L {
-        const char* layout;
-        std::int64_t H, Hkv, d;
-    };
-    const L layouts[] = {{"text:37,image:200,text:20,image:150,text:9", 8, 2, 128},
-                         {"image:64,text:3,image:130,text:64,image:77", 6, 3, 64},
-                         {"text:5,image:300,text:130", 4, 4, 128},
-                         {"text:64,image:96,text:64,image:96,text:64,image:96,text:64,image:96,text:64", 7, 1, 128}};
-    for (const auto& l : layouts) {
-        const Layout layout = Layout::parse(l.layout);
-        for (bool bidir : {false, true})
-            for (int variant = 0; variant < 6; ++variant) {
-                MaskOptions mo;
-                mo.bidirectional_images = bidir;
-                if (variant == 5) mo.sink_offsets = {1, 6, 40};
-                const MaskContext ctx = make_mask_context(layout, mo);
-                const auto heads = variant < 4 ? std::vector<MaskTemplate>(static_cast<std::size_t>(l.H), static_cast<MaskTemplate>(variant))
-                                               : mixed_heads(l.H, ++seed);
-                const std::string what = std::string(l.layout) + (bidir ? ", bidirectional" : "") +
-                                         (variant < 4 ? std::string(", ") + std::string(to_string(heads[0])) : ", mixed templates") +
-                                         (variant == 5 ? ", sink offsets" : "");
+    for (const cuda::PrefillKernel path : kernel_paths()) {
+        g_kernel = path;
+        std::uint64_t seed = 500;
+        struct L {
+            const char* layout;
+            std::int64_t H, Hkv, d;
+        };
+        const L layouts[] = {{"text:37,image:200,text:20,image:150,text:9", 8, 2, 128},
+                             {"image:64,text:3,image:130,text:64,image:77", 6, 3, 64},
+                             {"text:5,image:300,text:130", 4, 4, 128},
+                             {"text:64,image:96,text:64,image:96,text:64,image:96,text:64,image:96,text:64", 7, 1, 128}};
+        for (const auto& l : layouts) {
+            const Layout layout = Layout::parse(l.layout);
+            for (bool bidir : {false, true})
+                for (int variant = 0; variant < 6; ++variant) {
+                    MaskOptions mo;
+                    mo.bidirectional_images = bidir;
+                    if (variant == 5) mo.sink_offsets = {1, 6, 40};
+                    const MaskContext ctx = make_mask_context(layout, mo);
+                    const auto heads = variant < 4 ? std::vector<MaskTemplate>(static_cast<std::size_t>(l.H), static_cast<MaskTemplate>(variant))
+                                                   : mixed_heads(l.H, ++seed);
+                    const std::string what = std::string(l.layout) + (bidir ? ", bidirectional" : "") +
+                                             (variant < 4 ? std::string(", ") + std::string(to_string(heads[0])) : ", mixed templates") +
+                                             (variant == 5 ? ", sink offsets" : "");
+                    for (Fill f : {Fill::uniform, Fill::random}) {
+                        run_masked<bfloat16>(ctx, heads, l.Hkv, l.d, f, ++seed, what);
+                        if (variant == 4) run_masked<vlsparse::half>(ctx, heads, l.Hkv, l.d, f, ++seed, what);
+                    }
+                }
+        }
+        // PureKV's video masks (with the Dense template, and under a mix of templates).
+        const Layout video = Layout::parse("text:5,video:6x40,text:7,image:50,text:3,video:4x33,text:2");
+        for (VideoMask kind : kVideoMasks)
+            for (std::int64_t window : {std::int64_t{0}, std::int64_t{7}}) {
+                const MaskContext ctx = make_video_mask_context(video, {kind, window, 3});
+                const std::string what = "video " + std::string(to_string(kind)) + ", window " + std::to_string(window);
                 for (Fill f : {Fill::uniform, Fill::random}) {
-                    run_masked<bfloat16>(ctx, heads, l.Hkv, l.d, f, ++seed, what);
-                    if (variant == 4) run_masked<vlsparse::half>(ctx, heads, l.Hkv, l.d, f, ++seed, what);
+                    run_masked<bfloat16>(ctx, std::vector<MaskTemplate>(8, MaskTemplate::dense), 2, 128, f, ++seed, what);
+                    run_masked<vlsparse::half>(ctx, mixed_heads(4, ++seed), 4, 64, f, ++seed, what + ", mixed templates");
                 }
             }
     }
-    // PureKV's video masks (with the Dense template, and under a mix of templates).
-    const Layout video = Layout::parse("text:5,video:6x40,text:7,image:50,text:3,video:4x33,text:2");
-    for (VideoMask kind : kVideoMasks)
-        for (std::int64_t window : {std::int64_t{0}, std::int64_t{7}}) {
-            const MaskContext ctx = make_video_mask_context(video, {kind, window, 3});
-            const std::string what = "video " + std::string(to_string(kind)) + ", window " + std::to_string(window);
-            for (Fill f : {Fill::uniform, Fill::random}) {
-                run_masked<bfloat16>(ctx, std::vector<MaskTemplate>(8, MaskTemplate::dense), 2, 128, f, ++seed, what);
-                run_masked<vlsparse::half>(ctx, mixed_heads(4, ++seed), 4, 64, f, ++seed, what + ", mixed templates");
-            }
-        }
+    g_kernel = cuda::PrefillKernel::automatic;
 }
 
 TEST_CASE("cuda prefill: output types and strided views", "[cuda][prefill]") {
@@ -384,122 +413,137 @@ TEST_CASE("cuda prefill: output types and strided views", "[cuda][prefill]") {
 }
 
 TEST_CASE("cuda prefill: the golden files with 16-bit inputs", "[cuda][prefill][golden]") {
-    namespace fs = std::filesystem;
-    const char* env = std::getenv("VLSPARSE_GOLDEN_DIR");
-    const fs::path root = fs::path(env ? env : "golden");
-    REQUIRE(fs::is_directory(root));
-    int ran = 0;
-    // Runs q, k, v (fp32 values exact in T) padded to head dim D; returns out unpadded.
-    auto padded = [](std::int64_t d) { return d <= 64 ? std::int64_t{64} : std::int64_t{128}; };
-
-    // ZipVL: the token-sparse prefill over the kept lists of kept_mask.
-    for (const auto& e : fs::directory_iterator(root / "zipvl")) {
-        GoldenManifest m;
-        const auto c = golden::read_zipvl_inputs(e.path(), &m);
-        if (c.dtype == "fp32" || c.params.prefill != ZipVLPrefill::sparse) continue;
-        INFO("golden/zipvl/" << e.path().filename().string() << " (" << c.dtype << ")");
-        const std::int64_t D = padded(c.d);
-        const auto mask = read_tensor(e.path(), m.output("kept_mask")).to_vector<std::uint8_t>();
-        const auto want = read_tensor(e.path(), m.output("prefill_out")).to_vector<float>();
-        const std::int64_t G = static_cast<std::int64_t>(mask.size()) / c.n;
-        std::vector<std::int32_t> indptr{0}, indices;
-        for (std::int64_t g = 0; g < G; ++g) {
-            for (std::int64_t j = 0; j < c.n; ++j)
-                if (mask[static_cast<std::size_t>(g * c.n + j)]) indices.push_back(static_cast<std::int32_t>(j));
-            indptr.push_back(static_cast<std::int32_t>(indices.size()));
-        }
-        auto run = [&](auto tag) {
-            using T = decltype(tag);
-            cuda::DeviceArray<T> q(narrow16<T>(pad_cols(c.q, c.d, D))), k(narrow16<T>(pad_cols(c.k, c.d, D))),
-                v(narrow16<T>(pad_cols(c.v, c.d, D)));
-            cuda::DeviceArray<float> o(static_cast<std::size_t>(c.n * c.H * D));
-            o.fill_bytes(0xff);
-            cuda::DeviceArray<std::int32_t> ip(indptr), ix(indices);
-            cuda::PrefillOptions opt;
-            opt.scale = ::vlsparse::detail::resolve_scale(AttentionOptions{static_cast<float>(c.params.scale), false}, c.d, "test");
-            cuda::sparse_prefill_attention(View3<const T>(q.data(), {c.n, c.H, D}), View3<const T>(k.data(), {c.n, c.Hkv, D}),
-                                           View3<const T>(v.data(), {c.n, c.Hkv, D}),
-                                           cuda::DeviceTokenLists{c.n, indptr, ip.data(), ix.data()},
-                                           View3<float>(o.data(), {c.n, c.H, D}), c.params.unselected, opt);
-            const auto got = unpad_cols(o.download(), c.d, D);
-            const double e2 = nmse_of(got, want);
-            INFO("NMSE " << e2);
-            CHECK(e2 <= nmse_tol<T>());
-            for (float g : got) REQUIRE(std::isfinite(g));
-        };
-        if (c.dtype == "fp16") run(vlsparse::half{});
-        else run(bfloat16{});
-        ++ran;
-    }
-    // BlindSight: masked_out with the per-head templates of input heads.
-    for (const auto& e : fs::directory_iterator(root / "blindsight")) {
-        GoldenManifest m;
-        const auto c = golden::read_blindsight_inputs(e.path(), &m);
-        if (c.H == 0 || c.heads.empty() || c.dtype == "fp32") continue;
-        INFO("golden/blindsight/" << e.path().filename().string() << " (" << c.dtype << ")");
-        const std::int64_t n = c.layout.n(), D = padded(c.d);
-        const MaskContext ctx = make_mask_context(c.layout, c.params.mask);
-        std::vector<MaskTemplate> heads;
-        for (auto h : c.heads) heads.push_back(static_cast<MaskTemplate>(h));
-        const auto want = read_tensor(e.path(), m.output("masked_out")).to_vector<float>();
-        auto run = [&](auto tag) {
-            using T = decltype(tag);
-            cuda::DeviceArray<T> q(narrow16<T>(pad_cols(c.q, c.d, D))), k(narrow16<T>(pad_cols(c.k, c.d, D))),
-                v(narrow16<T>(pad_cols(c.v, c.d, D)));
-            cuda::DeviceArray<float> o(static_cast<std::size_t>(n * c.H * D));
-            o.fill_bytes(0xff);
-            cuda::PrefillOptions opt;
-            opt.scale = ::vlsparse::detail::resolve_scale(AttentionOptions{static_cast<float>(c.params.scale), false}, c.d, "test");
-            const cuda::MaskedPrefillPlan plan(ctx, heads, c.Hkv);
-            cuda::masked_prefill_attention(plan, View3<const T>(q.data(), {n, c.H, D}), View3<const T>(k.data(), {n, c.Hkv, D}),
-                                           View3<const T>(v.data(), {n, c.Hkv, D}), View3<float>(o.data(), {n, c.H, D}), opt);
-            const double e2 = nmse_of(unpad_cols(o.download(), c.d, D), want);
-            INFO("NMSE " << e2);
-            CHECK(e2 <= nmse_tol<T>());
-        };
-        if (c.dtype == "fp16") run(vlsparse::half{});
-        else run(bfloat16{});
-        ++ran;
-    }
-    // PureKV: each layer's prefill (ST-masked where purekv_masked_layer, dense causal before).
-    for (const auto& e : fs::directory_iterator(root / "purekv")) {
-        GoldenManifest m;
-        const auto c = golden::read_purekv_inputs(e.path(), &m);
-        if (c.shape.layers == 0 || c.dtype == "fp32") continue;
-        INFO("golden/purekv/" << e.path().filename().string() << " (" << c.dtype << ")");
-        const std::int64_t n = c.layout.n(), H = c.shape.heads, Hkv = c.shape.kv_heads, d = c.shape.head_dim, D = padded(d);
-        const auto want = read_tensor(e.path(), m.output("prefill_out")).to_vector<float>();
-        const MaskContext ctx = purekv_mask_context(c.layout, c.params);
-        const cuda::MaskedPrefillPlan plan(ctx, std::vector<MaskTemplate>(static_cast<std::size_t>(H), MaskTemplate::dense), Hkv);
-        auto run = [&](auto tag) {
-            using T = decltype(tag);
-            for (std::int64_t l = 0; l < c.shape.layers; ++l) {
-                INFO("layer " << l);
-                auto slice = [&](const std::vector<float>& x, std::int64_t heads) {
-                    return std::vector<float>(x.begin() + l * n * heads * d, x.begin() + (l + 1) * n * heads * d);
-                };
-                cuda::DeviceArray<T> q(narrow16<T>(pad_cols(slice(c.q, H), d, D))),
-                    k(narrow16<T>(pad_cols(slice(c.k, Hkv), d, D))), v(narrow16<T>(pad_cols(slice(c.v, Hkv), d, D)));
-                cuda::DeviceArray<float> o(static_cast<std::size_t>(n * H * D));
+    for (const cuda::PrefillKernel path : kernel_paths()) {
+        g_kernel = path;
+        namespace fs = std::filesystem;
+        const char* env = std::getenv("VLSPARSE_GOLDEN_DIR");
+        const fs::path root = fs::path(env ? env : "golden");
+        REQUIRE(fs::is_directory(root));
+        int ran = 0;
+        // Runs q, k, v (fp32 values exact in T) padded to head dim D; returns out unpadded.
+        auto padded = [](std::int64_t d) { return d <= 64 ? std::int64_t{64} : std::int64_t{128}; };
+    
+        // ZipVL: the token-sparse prefill over the kept lists of kept_mask.
+        for (const auto& e : fs::directory_iterator(root / "zipvl")) {
+            GoldenManifest m;
+            const auto c = golden::read_zipvl_inputs(e.path(), &m);
+            if (c.dtype == "fp32" || c.params.prefill != ZipVLPrefill::sparse) continue;
+            INFO("golden/zipvl/" << e.path().filename().string() << " (" << c.dtype << ")");
+            const std::int64_t D = padded(c.d);
+            const auto mask = read_tensor(e.path(), m.output("kept_mask")).to_vector<std::uint8_t>();
+            const auto want = read_tensor(e.path(), m.output("prefill_out")).to_vector<float>();
+            const std::int64_t G = static_cast<std::int64_t>(mask.size()) / c.n;
+            std::vector<std::int32_t> indptr{0}, indices;
+            for (std::int64_t g = 0; g < G; ++g) {
+                for (std::int64_t j = 0; j < c.n; ++j)
+                    if (mask[static_cast<std::size_t>(g * c.n + j)]) indices.push_back(static_cast<std::int32_t>(j));
+                indptr.push_back(static_cast<std::int32_t>(indices.size()));
+            }
+            auto run = [&](auto tag) {
+                using T = decltype(tag);
+                cuda::DeviceArray<T> q(narrow16<T>(pad_cols(c.q, c.d, D))), k(narrow16<T>(pad_cols(c.k, c.d, D))),
+                    v(narrow16<T>(pad_cols(c.v, c.d, D)));
+                cuda::DeviceArray<float> o(static_cast<std::size_t>(c.n * c.H * D));
                 o.fill_bytes(0xff);
-                cuda::PrefillOptions opt;
-                opt.scale = ::vlsparse::detail::resolve_scale(AttentionOptions{static_cast<float>(c.params.scale), false}, d, "test");
-                const View3<const T> qv(q.data(), {n, H, D}), kv(k.data(), {n, Hkv, D}), vv(v.data(), {n, Hkv, D});
-                const View3<float> ov(o.data(), {n, H, D});
-                if (purekv_masked_layer(c.layout, l, c.params)) cuda::masked_prefill_attention(plan, qv, kv, vv, ov, opt);
-                else cuda::dense_prefill_attention(qv, kv, vv, ov, opt);
-                const auto w = std::vector<float>(want.begin() + l * n * H * d, want.begin() + (l + 1) * n * H * d);
-                const double e2 = nmse_of(unpad_cols(o.download(), d, D), w);
+                cuda::DeviceArray<std::int32_t> ip(indptr), ix(indices);
+                cuda::PrefillOptions opt = opts();
+                opt.scale = ::vlsparse::detail::resolve_scale(AttentionOptions{static_cast<float>(c.params.scale), false}, c.d, "test");
+                cuda::sparse_prefill_attention(View3<const T>(q.data(), {c.n, c.H, D}), View3<const T>(k.data(), {c.n, c.Hkv, D}),
+                                               View3<const T>(v.data(), {c.n, c.Hkv, D}),
+                                               cuda::DeviceTokenLists{c.n, indptr, ip.data(), ix.data()},
+                                               View3<float>(o.data(), {c.n, c.H, D}), c.params.unselected, opt);
+                const auto got = unpad_cols(o.download(), c.d, D);
+                const double e2 = nmse_of(got, want);
                 INFO("NMSE " << e2);
                 CHECK(e2 <= nmse_tol<T>());
-            }
-        };
-        if (c.dtype == "fp16") run(vlsparse::half{});
-        else run(bfloat16{});
-        ++ran;
+                for (float g : got) REQUIRE(std::isfinite(g));
+            };
+            if (c.dtype == "fp16") run(vlsparse::half{});
+            else run(bfloat16{});
+            ++ran;
+        }
+        // BlindSight: masked_out with the per-head templates of input heads.
+        for (const auto& e : fs::directory_iterator(root / "blindsight")) {
+            GoldenManifest m;
+            const auto c = golden::read_blindsight_inputs(e.path(), &m);
+            if (c.H == 0 || c.heads.empty() || c.dtype == "fp32") continue;
+            INFO("golden/blindsight/" << e.path().filename().string() << " (" << c.dtype << ")");
+            const std::int64_t n = c.layout.n(), D = padded(c.d);
+            const MaskContext ctx = make_mask_context(c.layout, c.params.mask);
+            std::vector<MaskTemplate> heads;
+            for (auto h : c.heads) heads.push_back(static_cast<MaskTemplate>(h));
+            const auto want = read_tensor(e.path(), m.output("masked_out")).to_vector<float>();
+            auto run = [&](auto tag) {
+                using T = decltype(tag);
+                cuda::DeviceArray<T> q(narrow16<T>(pad_cols(c.q, c.d, D))), k(narrow16<T>(pad_cols(c.k, c.d, D))),
+                    v(narrow16<T>(pad_cols(c.v, c.d, D)));
+                cuda::DeviceArray<float> o(static_cast<std::size_t>(n * c.H * D));
+                o.fill_bytes(0xff);
+                cuda::PrefillOptions opt = opts();
+                opt.scale = ::vlsparse::detail::resolve_scale(AttentionOptions{static_cast<float>(c.params.scale), false}, c.d, "test");
+                const cuda::MaskedPrefillPlan plan(ctx, heads, c.Hkv);
+                cuda::masked_prefill_attention(plan, View3<const T>(q.data(), {n, c.H, D}), View3<const T>(k.data(), {n, c.Hkv, D}),
+                                               View3<const T>(v.data(), {n, c.Hkv, D}), View3<float>(o.data(), {n, c.H, D}), opt);
+                const double e2 = nmse_of(unpad_cols(o.download(), c.d, D), want);
+                INFO("NMSE " << e2);
+                CHECK(e2 <= nmse_tol<T>());
+            };
+            if (c.dtype == "fp16") run(vlsparse::half{});
+            else run(bfloat16{});
+            ++ran;
+        }
+        // PureKV: each layer's prefill (ST-masked where purekv_masked_layer, dense causal before).
+        for (const auto& e : fs::directory_iterator(root / "purekv")) {
+            GoldenManifest m;
+            const auto c = golden::read_purekv_inputs(e.path(), &m);
+            if (c.shape.layers == 0 || c.dtype == "fp32") continue;
+            INFO("golden/purekv/" << e.path().filename().string() << " (" << c.dtype << ")");
+            const std::int64_t n = c.layout.n(), H = c.shape.heads, Hkv = c.shape.kv_heads, d = c.shape.head_dim, D = padded(d);
+            const auto want = read_tensor(e.path(), m.output("prefill_out")).to_vector<float>();
+            const MaskContext ctx = purekv_mask_context(c.layout, c.params);
+            const cuda::MaskedPrefillPlan plan(ctx, std::vector<MaskTemplate>(static_cast<std::size_t>(H), MaskTemplate::dense), Hkv);
+            auto run = [&](auto tag) {
+                using T = decltype(tag);
+                for (std::int64_t l = 0; l < c.shape.layers; ++l) {
+                    INFO("layer " << l);
+                    auto slice = [&](const std::vector<float>& x, std::int64_t heads) {
+                        return std::vector<float>(x.begin() + l * n * heads * d, x.begin() + (l + 1) * n * heads * d);
+                    };
+                    cuda::DeviceArray<T> q(narrow16<T>(pad_cols(slice(c.q, H), d, D))),
+                        k(narrow16<T>(pad_cols(slice(c.k, Hkv), d, D))), v(narrow16<T>(pad_cols(slice(c.v, Hkv), d, D)));
+                    cuda::DeviceArray<float> o(static_cast<std::size_t>(n * H * D));
+                    o.fill_bytes(0xff);
+                    cuda::PrefillOptions opt = opts();
+                    opt.scale = ::vlsparse::detail::resolve_scale(AttentionOptions{static_cast<float>(c.params.scale), false}, d, "test");
+                    const View3<const T> qv(q.data(), {n, H, D}), kv(k.data(), {n, Hkv, D}), vv(v.data(), {n, Hkv, D});
+                    const View3<float> ov(o.data(), {n, H, D});
+                    if (purekv_masked_layer(c.layout, l, c.params)) cuda::masked_prefill_attention(plan, qv, kv, vv, ov, opt);
+                    else cuda::dense_prefill_attention(qv, kv, vv, ov, opt);
+                    const auto w = std::vector<float>(want.begin() + l * n * H * d, want.begin() + (l + 1) * n * H * d);
+                    const double e2 = nmse_of(unpad_cols(o.download(), d, D), w);
+                    INFO("NMSE " << e2);
+                    CHECK(e2 <= nmse_tol<T>());
+                }
+            };
+            if (c.dtype == "fp16") run(vlsparse::half{});
+            else run(bfloat16{});
+            ++ran;
+        }
+        std::printf("cuda prefill: %d golden cases with 16-bit inputs checked (%s)\n", ran, kernel_name());
+        CHECK(ran >= 6);
     }
-    std::printf("cuda prefill: %d golden cases with 16-bit inputs checked\n", ran);
-    CHECK(ran >= 6);
+    g_kernel = cuda::PrefillKernel::automatic;
+}
+
+TEST_CASE("cuda prefill: the instruction path", "[cuda][prefill]") {
+    const bool wg = cuda::prefill_uses_wgmma();
+    std::printf("cuda prefill: PrefillKernel::automatic runs on %s\n", wg ? "wgmma (sm_90a)" : "mma.sync");
+    const char* expect = std::getenv("VLSPARSE_EXPECT_WGMMA");
+    if (expect && std::string(expect) == "1") CHECK(wg);
+    int dev = 0, major = 0;
+    REQUIRE(cudaGetDevice(&dev) == cudaSuccess);
+    REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess);
+    if (major != 9) CHECK_FALSE(wg);
 }
 
 TEST_CASE("cuda prefill: errors", "[cuda][prefill]") {

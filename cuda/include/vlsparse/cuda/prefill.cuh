@@ -34,6 +34,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -53,10 +54,17 @@
 
 namespace vlsparse::cuda {
 
+// Which tensor-core instructions the kernel uses. automatic: wgmma on a Hopper GPU (compute capability
+// 9.0) where the binary holds sm_90a code (-gencode=arch=compute_90a,code=sm_90a; Meson -Dgpu_arch=sm_90),
+// mma.sync elsewhere (a binary without sm_90a code runs mma.sync on Hopper too). mma_sync: mma.sync
+// everywhere (to compare the paths; results agree within the rounding of P).
+enum class PrefillKernel { automatic, mma_sync };
+
 struct PrefillOptions {
     float scale = 0.0f;         // softmax scale; 0: 1/sqrt(head_dim) (computed in double, rounded to fp32)
     bool check_inputs = true;   // token-sparse: check the device lists on the device (waits for the stream)
     bool check_finite = true;   // wait for the stream; a non-finite output is a vlsparse::error
+    PrefillKernel kernel = PrefillKernel::automatic;
 };
 
 // Token lists on the device for the token-sparse front end: lists() lists (1: shared by every KV head,
@@ -157,16 +165,43 @@ void prefill_common(View3<const T> q, View3<const T> k, View3<const T> v, View3<
     a.scale_log2 = static_cast<float>(static_cast<double>(scale) * 1.4426950408889634);
 }
 
-template <class T, class TO, int D>
-void launch_prefill_d(const PrefillArgs& a, dim3 grid, cudaStream_t stream, const char* fn) {
-    constexpr std::size_t smem = PrefillShape<D>::smem_bytes();
-    static const cudaError_t attr = cudaFuncSetAttribute(prefill_mma_kernel<T, TO, D>,
-                                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                         static_cast<int>(smem));
-    check_cuda(attr, fn, "cudaFuncSetAttribute");
-    prefill_mma_kernel<T, TO, D><<<grid, kPrefillThreads, smem, stream>>>(a);
+// Compute capability 9.0 (Hopper) of the current device, read once per device.
+inline bool prefill_device_is_sm90(const char* fn) {
+    constexpr int kMaxDevices = 64;
+    static std::atomic<int> known[kMaxDevices] = {};  // 0 unknown, 1 no, 2 yes
+    int dev = 0;
+    check_cuda(cudaGetDevice(&dev), fn, "cudaGetDevice");
+    if (dev >= 0 && dev < kMaxDevices && known[dev].load(std::memory_order_relaxed) != 0)
+        return known[dev].load(std::memory_order_relaxed) == 2;
+    int major = 0, minor = 0;
+    check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), fn, "cudaDeviceGetAttribute");
+    check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), fn, "cudaDeviceGetAttribute");
+    const bool yes = major == 9 && minor == 0;
+    if (dev >= 0 && dev < kMaxDevices) known[dev].store(yes ? 2 : 1, std::memory_order_relaxed);
+    return yes;
+}
+
+template <class T, class TO, int D, bool WG>
+void launch_prefill_kernel(const PrefillArgs& a, dim3 grid, cudaStream_t stream, const char* fn) {
+    constexpr std::size_t smem = PrefillShape<D, WG ? 4 : 3>::smem_bytes();
+    // The attribute is per device: set it on every launch (a host-side call, no synchronization).
+    check_cuda(cudaFuncSetAttribute(prefill_mma_kernel<T, TO, D, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem)),
+               fn, "cudaFuncSetAttribute");
+    prefill_mma_kernel<T, TO, D, WG><<<grid, kPrefillThreads, smem, stream>>>(a);
     check_launch(fn, "prefill_mma_kernel");
 }
+
+template <class T, class TO, int D>
+void launch_prefill_d(const PrefillArgs& a, dim3 grid, PrefillKernel kernel, cudaStream_t stream, const char* fn) {
+    if (kernel == PrefillKernel::automatic && prefill_device_is_sm90(fn))
+        launch_prefill_kernel<T, TO, D, true>(a, grid, stream, fn);
+    else
+        launch_prefill_kernel<T, TO, D, false>(a, grid, stream, fn);
+}
+
+// 1 when the kernel's WG instantiation runs wgmma on the current device (sm_90a code loaded), else 0.
+__global__ void prefill_wgmma_probe_kernel(int* out) { *out = VLSPARSE_CUDA_HAS_WGMMA; }
 
 // Launches the kernel, with the status word and the final wait when opt.check_finite.
 template <class T, class TO>
@@ -178,8 +213,8 @@ void launch_prefill(PrefillArgs a, int d, dim3 grid, const PrefillOptions& opt, 
     }
     a.status = status;
     if (grid.x > 0 && grid.y > 0) {
-        if (d == 64) launch_prefill_d<T, TO, 64>(a, grid, stream, fn);
-        else launch_prefill_d<T, TO, 128>(a, grid, stream, fn);
+        if (d == 64) launch_prefill_d<T, TO, 64>(a, grid, opt.kernel, stream, fn);
+        else launch_prefill_d<T, TO, 128>(a, grid, opt.kernel, stream, fn);
     }
     if (status) {
         int flag = 0;
@@ -193,6 +228,20 @@ void launch_prefill(PrefillArgs a, int d, dim3 grid, const PrefillOptions& opt, 
 }
 
 }  // namespace detail
+
+// Whether the prefill front ends with PrefillKernel::automatic run on wgmma on the current device: a
+// Hopper GPU (compute capability 9.0) and sm_90a code in this binary. Launches a probe kernel and waits
+// for it: a query for tests, benchmarks and logs, not for the hot path.
+inline bool prefill_uses_wgmma() {
+    constexpr const char* fn = "cuda::prefill_uses_wgmma";
+    if (!detail::prefill_device_is_sm90(fn)) return false;
+    DeviceArray<int> flag(1);
+    detail::prefill_wgmma_probe_kernel<<<1, 1>>>(flag.data());
+    detail::check_launch(fn, "prefill_wgmma_probe_kernel");
+    int h = 0;
+    detail::check_cuda(cudaMemcpy(&h, flag.data(), sizeof(int), cudaMemcpyDeviceToHost), fn, "cudaMemcpy");
+    return h == 1;
+}
 
 // Dense causal prefill: query row i (position n_k - n_q + i) attends to keys 0 .. its position.
 template <ElementType T, OutputElement TO>

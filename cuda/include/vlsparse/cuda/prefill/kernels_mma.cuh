@@ -1,6 +1,16 @@
-// vlsparse/cuda/prefill/kernels_mma.cuh -- the tiled prefill attention kernel on tensor cores
-// (mma.sync m16n8k16, sm_80+): online softmax, bf16 / fp16 inputs, fp32 accumulation, head dims 64
-// and 128. Internal to vlsparse/cuda/prefill.cuh (namespace vlsparse::cuda::detail).
+// vlsparse/cuda/prefill/kernels_mma.cuh -- the tiled prefill attention kernel on tensor cores:
+// online softmax, bf16 / fp16 inputs, fp32 accumulation, head dims 64 and 128. Internal to
+// vlsparse/cuda/prefill.cuh (namespace vlsparse::cuda::detail). Two instruction paths, one kernel:
+//   - mma.sync m16n8k16 (sm_80+): K and V fragments read from shared memory with ldmatrix;
+//   - wgmma (sm_90a, Hopper; template flag WG, used where the binary holds sm_90a code): each group of
+//     4 warps (a warpgroup, 64 m rows) issues S = Q K^T as wgmma m64n64k16 and O += P V as
+//     m64n{D}k16, A (Q, then P) from registers, B (K, then V transposed by the instruction) read by
+//     the tensor cores straight from shared memory through matrix descriptors. Compiled without
+//     sm_90a (__CUDA_ARCH_FEAT_SM90_ALL undefined), the WG instantiation runs the mma.sync path.
+// Both paths share the shared-memory layout (K and V tiles in 128-byte-swizzled atoms of 8 rows x 64
+// elements, the layout wgmma's descriptors name), the segments, the masks and the softmax: the
+// accumulator fragments of wgmma m64nNk16 give each warp 16 rows in the same register order as
+// mma.sync m16n8k16 (row lane / 4 and + 8, columns 2 (lane % 4) + {0, 1} of each 8-column chunk).
 //
 // One block computes 128 "m rows" against a sequence of key tiles. An m row is a (query row, query
 // head) pair: with heads_packed = hp > 1 the hp query heads of a KV group are packed row-minor
@@ -19,8 +29,8 @@
 //     key's position is at or before the row's; kGeneral: the template / video mask of
 //     vlsparse/masks/templates.hpp evaluated per element (the block's partial tiles only). A tile
 //     marked kCausal whose last key lies at or before every row of the block runs unmasked.
-// K and V tiles are double-buffered in shared memory (cp.async, XOR-swizzled 16-byte chunks, read by
-// ldmatrix); the positions of the next tile's rows are fetched one tile ahead.
+// K and V tiles go through a 3-stage ring in shared memory (cp.async, XOR-swizzled 16-byte chunks);
+// the positions of the next tile's rows are fetched one tile ahead.
 //
 // Outputs: o = (sum p v) / (sum p), 0 for a row that sees no key; rounded to the output type. With a
 // status pointer, a non-finite output (NaN / Inf in what was read, an fp32 overflow of a score) sets
@@ -144,7 +154,9 @@ struct PrefillArgs {
     int* status = nullptr;      // bit 1: a non-finite output
 };
 
-template <int D>
+// Tiles and shared memory of the kernel for head dim D with a ring of ST K / V stages (3 for mma.sync,
+// 4 for the pipelined wgmma loop).
+template <int D, int ST = 3>
 struct PrefillShape {
     static_assert(D == 64 || D == 128, "the tensor-core prefill kernel takes head_dim 64 or 128");
     static constexpr int BM = kPrefillRows, BN = kPrefillKeys, NT = kPrefillThreads;
@@ -155,11 +167,21 @@ struct PrefillShape {
     static constexpr int KS = D / 16;            // k-steps of Q K^T
     static constexpr int DT = D / 8;             // n8 tiles of O
     static constexpr int TILE = BN * D;          // elements of one K (or V) tile
-    static constexpr int STAGES = 3;             // K / V tiles in flight
-    // Element offset of chunk c of row r (chunks XOR-swizzled by row: conflict-free ldmatrix).
-    __device__ static constexpr int swz(int r, int c) { return r * D + ((c ^ (r & 7)) << 3); }
+    static constexpr int STAGES = ST;            // K / V tiles in flight
+    // Element offset of chunk c (8 elements) of row r in a tile of R rows: D / 64 planes of R rows x 64
+    // elements (128 bytes), chunk c of row r in plane c / 8 at chunk (c % 8) ^ (r % 8). That is wgmma's
+    // 128-byte swizzle (the XOR of address bits 4-6 with 7-9; atoms of 8 rows = 1024 bytes, so tiles
+    // start 1024-byte aligned), and conflict-free for ldmatrix. Q tiles have BM rows, K / V tiles BN.
+    template <int R>
+    __device__ static constexpr int swz_rows(int r, int c) { return ((c >> 3) * R + r) * 64 + (((c & 7) ^ (r & 7)) << 3); }
+    __device__ static constexpr int swz(int r, int c) { return swz_rows<BM>(r, c); }
+    __device__ static constexpr int swz_kv(int r, int c) { return swz_rows<BN>(r, c); }
+    static constexpr int PLANE_BYTES = BN * 128;    // one 64-column plane of a K / V tile
+    static constexpr int Q_PLANE_BYTES = BM * 128;  // of the Q tile
+    // [stage][K, V][TILE] (1024-byte aligned), Q [BM x D], then positions, images and sinks [stage][BN];
+    // 1024 bytes of slack to align the base.
     static constexpr std::size_t smem_bytes() {
-        return static_cast<std::size_t>(BM * D + 2 * STAGES * TILE) * 2 + 3 * STAGES * BN * sizeof(int);
+        return static_cast<std::size_t>(2 * STAGES * TILE + BM * D) * 2 + 3 * STAGES * BN * sizeof(int) + 1024;
     }
 };
 
@@ -210,6 +232,183 @@ __device__ __forceinline__ float prefill_exp2(float x) {
     return y;
 }
 
+// ---- wgmma (sm_90a) ---------------------------------------------------------------------------------
+// The instructions exist only in code compiled for the arch-specific target sm_90a; elsewhere the
+// helpers are empty and the kernel takes the mma.sync path (kernel flag WG, below).
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define VLSPARSE_CUDA_HAS_WGMMA 1
+#else
+#define VLSPARSE_CUDA_HAS_WGMMA 0
+#endif
+
+// Shared-memory matrix descriptor: start address, leading and stride byte offsets, 128-byte swizzle.
+// K-major B (K for S = Q K^T): SBO = 1024 (the next 8 rows), LBO unused (1). N-major B (V for O += P V,
+// transposed by the instruction): SBO = 1024 (the next 8 rows along k), LBO = the next 64 columns.
+__device__ __forceinline__ std::uint64_t wgmma_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+    return static_cast<std::uint64_t>((addr & 0x3FFFFu) >> 4) | (static_cast<std::uint64_t>(lbo >> 4) << 16) |
+           (static_cast<std::uint64_t>(sbo >> 4) << 32) | (std::uint64_t{1} << 62);
+}
+__device__ __forceinline__ void wgmma_fence() {
+#if VLSPARSE_CUDA_HAS_WGMMA
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if VLSPARSE_CUDA_HAS_WGMMA
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+// Waits until at most N of this warpgroup's wgmma commit groups are pending.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#if VLSPARSE_CUDA_HAS_WGMMA
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// Shared memory written by cp.async (the generic proxy) becomes visible to wgmma (the async proxy).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+#if VLSPARSE_CUDA_HAS_WGMMA
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+// Keeps the compiler from moving accumulator accesses across the asynchronous matrix instructions.
+template <int N>
+__device__ __forceinline__ void wgmma_reg_fence(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int M, int N>
+__device__ __forceinline__ void wgmma_reg_fence_u(unsigned (&r)[M][N]) {
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+#pragma unroll
+        for (int j = 0; j < N; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
+// D[64 x 64] (+)= A[64 x 16] (registers) * B[16 x 64] (shared memory, descriptor); TN: B is N-major.
+template <class T, int TN>
+__device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                             std::uint64_t desc, int scale_d) {
+#if VLSPARSE_CUDA_HAS_WGMMA
+    if constexpr (std::is_same_v<T, bfloat16>) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+            "{"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+            "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(scale_d), "n"(TN));
+    } else {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+            "{"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+            "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(scale_d), "n"(TN));
+    }
+#else
+    (void)d; (void)a0; (void)a1; (void)a2; (void)a3; (void)desc; (void)scale_d;
+#endif
+}
+
+// D[64 x 128] (+)= A[64 x 16] (registers) * B[16 x 128] (shared memory, descriptor); TN: B is N-major.
+template <class T, int TN>
+__device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                             std::uint64_t desc, int scale_d) {
+#if VLSPARSE_CUDA_HAS_WGMMA
+    if constexpr (std::is_same_v<T, bfloat16>) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+            "{"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+            "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(scale_d), "n"(TN));
+    } else {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+            "{"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+            "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(scale_d), "n"(TN));
+    }
+#else
+    (void)d; (void)a0; (void)a1; (void)a2; (void)a3; (void)desc; (void)scale_d;
+#endif
+}
+
+
+// D[64 x 64] (+)= A[64 x 16] * B[16 x 64], both from shared memory (descriptors, K-major).
+template <class T>
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b, int scale_d) {
+#if VLSPARSE_CUDA_HAS_WGMMA
+    if constexpr (std::is_same_v<T, bfloat16>) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+            "{"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+            "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+            : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+    } else {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+            "{"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+            "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+            : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+    }
+#else
+    (void)d; (void)desc_a; (void)desc_b; (void)scale_d;
+#endif
+}
+
+
 // Walks the key tiles of a block: segment by segment, 64 entries at a time from each segment's start.
 struct TileCursor {
     int seg = 0, seg_end = 0, lo = 0, hi = 0, kind = kSegFull;  // current segment
@@ -238,13 +437,17 @@ struct TileCursor {
     }
 };
 
-template <class T, class TO, int D>
+// WG: the wgmma path where this code is compiled for sm_90a (else the mma.sync path, same results).
+template <class T, class TO, int D, bool WG>
 __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_mma_kernel(const PrefillArgs a) {
-    using S = PrefillShape<D>;
+    using S = PrefillShape<D, WG ? 4 : 3>;
+    constexpr bool use_wgmma = WG && VLSPARSE_CUDA_HAS_WGMMA;
     extern __shared__ __align__(16) unsigned char prefill_smem[];
-    T* sq = reinterpret_cast<T*>(prefill_smem);
-    T* skv = sq + S::BM * D;  // [stage][K, V][TILE]
-    int* skpos = reinterpret_cast<int*>(skv + 2 * S::STAGES * S::TILE);  // [stage][BN] key position, -1: empty
+    // The K / V ring starts at the first 1024-byte boundary (the swizzle atoms of wgmma's descriptors).
+    const unsigned smem_raw = static_cast<unsigned>(__cvta_generic_to_shared(prefill_smem));
+    T* skv = reinterpret_cast<T*>(prefill_smem + (((smem_raw + 1023u) & ~1023u) - smem_raw));  // [stage][K, V][TILE]
+    T* sq = skv + 2 * S::STAGES * S::TILE;
+    int* skpos = reinterpret_cast<int*>(sq + S::BM * D);  // [stage][BN] key position, -1: empty
     int* skimg = skpos + S::STAGES * S::BN;   // [stage][BN] the key's image (template masks)
     int* sksink = skimg + S::STAGES * S::BN;  // [stage][BN] the key is a sink
 
@@ -378,8 +581,8 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_mma_kernel(const P
             const bool ok = e < ld.hi;
             const int pos = ok ? (klist ? kpf[i] : e) : -1;
             const std::int64_t p = pos < 0 ? 0 : pos;
-            copy16_async(sk + S::swz(r, c), kbase + p * a.k_s0 + c * 8, ok);
-            copy16_async(sv + S::swz(r, c), vbase + p * a.v_s0 + c * 8, ok);
+            copy16_async(sk + S::swz_kv(r, c), kbase + p * a.k_s0 + c * 8, ok);
+            copy16_async(sv + S::swz_kv(r, c), vbase + p * a.v_s0 + c * 8, ok);
             if (c == 0) {
                 skpos[st * S::BN + r] = pos;
                 if (masked && ld.kind == kSegGeneral) {  // what the template mask needs of the key (general tiles only)
@@ -391,10 +594,10 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_mma_kernel(const P
         ld.next(segs);
         fetch();
     };
-    // Prologue: the first STAGES - 1 tiles in flight (one commit group each, empty when there is none).
+    // Prologue: the first 2 tiles in flight (one commit group each, empty when there is none).
     int n_issued = 0;
 #pragma unroll
-    for (int st = 0; st < S::STAGES - 1; ++st) {
+    for (int st = 0; st < 2; ++st) {
         if (ld.valid) {
             issue(st);
             ++n_issued;
@@ -415,10 +618,13 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_mma_kernel(const P
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) mrows[rr] = masked ? mask_row(a.mask, qpos[rr], qhead[rr]) : MaskRow{};
 
-    copy_wait<S::STAGES - 1>();  // Q (the oldest group)
+    copy_wait<2>();  // Q (the oldest group; the two tiles of the prologue may still be in flight)
     __syncthreads();
+    // mma.sync: Q's A fragments in registers for the whole block. wgmma reads Q from shared memory
+    // (A through a descriptor): no registers held across the key loop (ptxas 13.0 was seen to reuse
+    // the registers of a wgmma A operand inside the loop, so A from registers is only used for P).
     unsigned qf[S::KS][4];
-    {
+    if constexpr (!use_wgmma) {
         const int r = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
         for (int ks = 0; ks < S::KS; ++ks)
@@ -430,40 +636,46 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_mma_kernel(const P
     for (int j = 0; j < S::DT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
 
-    for (int t = 0; t < n_issued; ++t) {
-        const int stage = t % S::STAGES;
-        // Tile t has landed once at most STAGES - 2 younger groups are pending; the barrier also frees
-        // the stage tile t - 1 used, which the load below reuses.
-        copy_wait<S::STAGES - 2>();
-        __syncthreads();
-        if (ld.valid) {
-            issue((t + S::STAGES - 1) % S::STAGES);
-            ++n_issued;
-        }
-        copy_commit();
-
+    // S = Q K^T for the warp's 16 rows x the 64 keys of the tile in `stage`: mma.sync computes it here;
+    // wgmma issues it (one commit group) and leaves the wait to the caller.
+    auto qk = [&](float (&s)[8][4], int stage) {
         const T* sk = skv + stage * 2 * S::TILE;
-        const T* sv = sk + S::TILE;
-        const int* kp = skpos + stage * S::BN;
-
-        // S = Q K^T for the warp's 16 rows x 64 keys.
-        float s[8][4];
+        if constexpr (use_wgmma) {
+            // The warpgroup's 64 rows x 64 keys: k-step ks reads columns 16 ks .. of every Q and key row,
+            // in plane ks / 4 at byte 32 (ks % 4) of each 128-byte row (the swizzle applies to the address).
+            float(&sf)[32] = reinterpret_cast<float(&)[32]>(s);
+            const unsigned kaddr = static_cast<unsigned>(__cvta_generic_to_shared(sk));
+            const unsigned qaddr = static_cast<unsigned>(__cvta_generic_to_shared(sq)) + (warp >> 2) * 64 * 128;
+            wgmma_reg_fence(sf);
+            wgmma_fence();
 #pragma unroll
-        for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+            for (int ks = 0; ks < S::KS; ++ks)
+                wgmma_ss_n64<T>(sf, wgmma_desc(qaddr + (ks >> 2) * S::Q_PLANE_BYTES + (ks & 3) * 32, 16, 1024),
+                                wgmma_desc(kaddr + (ks >> 2) * S::PLANE_BYTES + (ks & 3) * 32, 16, 1024), ks > 0);
+            wgmma_commit();
+        } else {
 #pragma unroll
-        for (int ks = 0; ks < S::KS; ++ks) {
+            for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
-            for (int j = 0; j < 8; j += 2) {
-                unsigned b0, b1, b2, b3;
-                const int r = j * 8 + (lane & 7) + (lane >> 4) * 8;
-                prefill_ldsm(b0, b1, b2, b3, sk + S::swz(r, 2 * ks + ((lane >> 3) & 1)));
-                prefill_mma<T>(s[j], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b0, b1);
-                prefill_mma<T>(s[j + 1], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b2, b3);
+            for (int ks = 0; ks < S::KS; ++ks) {
+#pragma unroll
+                for (int j = 0; j < 8; j += 2) {
+                    unsigned b0, b1, b2, b3;
+                    const int r = j * 8 + (lane & 7) + (lane >> 4) * 8;
+                    prefill_ldsm(b0, b1, b2, b3, sk + S::swz_kv(r, 2 * ks + ((lane >> 3) & 1)));
+                    prefill_mma<T>(s[j], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b0, b1);
+                    prefill_mma<T>(s[j + 1], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b2, b3);
+                }
             }
         }
+    };
 
+    // The mask and the online softmax of the tile in `stage`: s becomes P (fp32), the row sums are
+    // rescaled to the new row maxima, and p_scale gets the factor for O (applied by the caller).
+    auto softmax = [&](float (&s)[8][4], int stage, float (&p_scale)[2]) {
         // Mask: kFull tiles none; kCausal tiles only when their last key lies after the block's first row.
         const int kind = kind_q[stage];
+        const int* kp = skpos + stage * S::BN;
         const bool need_mask = kind == kSegGeneral || kind == kSegTail || (kind == kSegCausal && last_q[stage] > min_pos);
         if (need_mask) {
             const int* ki = skimg + stage * S::BN;
@@ -485,7 +697,6 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_mma_kernel(const P
         }
 
         // Online softmax in the log2 domain.
-        float p_scale[2];
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
             float mx = -INFINITY;
@@ -510,6 +721,8 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_mma_kernel(const P
             }
             lrow[rr] += sum;
         }
+    };
+    auto rescale_o = [&](const float (&p_scale)[2]) {
 #pragma unroll
         for (int j = 0; j < S::DT; ++j) {
             o[j][0] *= p_scale[0];
@@ -517,22 +730,102 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_mma_kernel(const P
             o[j][2] *= p_scale[1];
             o[j][3] *= p_scale[1];
         }
-
-        // O += P V: P's A fragments straight from the S accumulators.
+    };
+    // P (fp32 in the S accumulators) rounded to T as A fragments: k-step kk covers keys 16 kk ...
+    auto pack_p = [&](const float (&s)[8][4], unsigned (&pa)[4][4]) {
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
-            const unsigned a0 = prefill_pack<T>(s[2 * kk][0], s[2 * kk][1]);
-            const unsigned a1 = prefill_pack<T>(s[2 * kk][2], s[2 * kk][3]);
-            const unsigned a2 = prefill_pack<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            const unsigned a3 = prefill_pack<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-            const int r = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+            pa[kk][0] = prefill_pack<T>(s[2 * kk][0], s[2 * kk][1]);
+            pa[kk][1] = prefill_pack<T>(s[2 * kk][2], s[2 * kk][3]);
+            pa[kk][2] = prefill_pack<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pa[kk][3] = prefill_pack<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        }
+    };
+
+    // O += P V for the tile in `stage`, P as packed A fragments (wgmma: issued as one commit group, the
+    // caller waits).
+    auto pv = [&](const unsigned (&pa)[4][4], int stage) {
+        const T* sv = skv + stage * 2 * S::TILE + S::TILE;
+        if constexpr (use_wgmma) {
+            // k-step kk: key rows 16 kk .. 16 kk + 15, two 8-row atoms from byte 2048 kk of each plane.
+            float(&of)[S::DT * 4] = reinterpret_cast<float(&)[S::DT * 4]>(o);
+            const unsigned vaddr = static_cast<unsigned>(__cvta_generic_to_shared(sv));
+            wgmma_reg_fence(of);
+            wgmma_fence();
 #pragma unroll
-            for (int jd = 0; jd < S::DT; jd += 2) {
-                unsigned b0, b1, b2, b3;
-                prefill_ldsm_t(b0, b1, b2, b3, sv + S::swz(r, jd + (lane >> 4)));
-                prefill_mma<T>(o[jd], a0, a1, a2, a3, b0, b1);
-                prefill_mma<T>(o[jd + 1], a0, a1, a2, a3, b2, b3);
+            for (int kk = 0; kk < 4; ++kk) {
+                const std::uint64_t desc = wgmma_desc(vaddr + kk * 2048, S::PLANE_BYTES, 1024);
+                if constexpr (D == 128) wgmma_rs_n128<T, 1>(of, pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], desc, 1);
+                else wgmma_rs_n64<T, 1>(of, pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], desc, 1);
             }
+            wgmma_commit();
+        } else {
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                const int r = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+                for (int jd = 0; jd < S::DT; jd += 2) {
+                    unsigned b0, b1, b2, b3;
+                    prefill_ldsm_t(b0, b1, b2, b3, sv + S::swz_kv(r, jd + (lane >> 4)));
+                    prefill_mma<T>(o[jd], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], b0, b1);
+                    prefill_mma<T>(o[jd + 1], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], b2, b3);
+                }
+            }
+        }
+    };
+
+    // The key loop. Step t waits for tile t (at most one younger copy group pending), and its barrier
+    // tells that every warp is done with step t - 1; then tile t + 2 is issued into stage (t + 2) % STAGES.
+    //   - mma.sync (3 stages): S_t, softmax, O += P_t V_t, all within step t (stage t - 1 is free).
+    //   - wgmma (4 stages), FlashAttention-3's ordering within a warpgroup: issue S_t = Q K_t^T, issue
+    //     O += P_{t-1} V_{t-1}, wait for S_t, softmax of S_t on the other units while P V runs on the
+    //     tensor cores, wait, rescale O, keep P_t for step t + 1. V_{t-1} is read in step t, so its stage
+    //     is reused only at step t + 1 (stage (t + 2) % 4 held tile t - 2). The accumulators are touched
+    //     only when no wgmma is in flight (ptxas would otherwise serialize the pipeline).
+    float s[8][4];
+    unsigned pa[4][4];
+    float p_scale[2];
+    int pstage = -1;  // wgmma: the stage of the tile whose P waits in pa for its P V
+    for (int t = 0; t < n_issued; ++t) {
+        const int stage = t % S::STAGES;
+        copy_wait<1>();
+        if constexpr (use_wgmma) fence_proxy_async_shared();  // this thread's copies, before wgmma reads them
+        __syncthreads();
+        if (ld.valid) {
+            issue((t + 2) % S::STAGES);
+            ++n_issued;
+        }
+        copy_commit();
+        if constexpr (use_wgmma) {
+            qk(s, stage);
+            if (pstage >= 0) {
+                pv(pa, pstage);
+                wgmma_wait<1>();  // S_t done; P V may still run
+            } else {
+                wgmma_wait<0>();
+            }
+            wgmma_reg_fence(reinterpret_cast<float(&)[32]>(s));
+            softmax(s, stage, p_scale);
+            wgmma_wait<0>();
+            wgmma_reg_fence(reinterpret_cast<float(&)[S::DT * 4]>(o));
+            wgmma_reg_fence_u(pa);
+            rescale_o(p_scale);
+            pack_p(s, pa);
+            pstage = stage;
+        } else {
+            qk(s, stage);
+            softmax(s, stage, p_scale);
+            rescale_o(p_scale);
+            pack_p(s, pa);
+            pv(pa, stage);
+        }
+    }
+    if constexpr (use_wgmma) {
+        if (pstage >= 0) {
+            pv(pa, pstage);
+            wgmma_wait<0>();
+            wgmma_reg_fence(reinterpret_cast<float(&)[S::DT * 4]>(o));
+            wgmma_reg_fence_u(pa);
         }
     }
     copy_wait<0>();
