@@ -751,6 +751,7 @@ public:
         const auto n = static_cast<std::size_t>(batch * capacity * n_kv_heads * head_dim);
         r.k_ = DeviceArray<T>(n);
         r.v_ = DeviceArray<T>(n);
+        r.zero_pools();
         r.init_lengths();
         return r;
     }
@@ -770,6 +771,7 @@ public:
         const auto n = static_cast<std::size_t>(n_pages * page_size * n_kv_heads * head_dim);
         r.k_ = DeviceArray<T>(n);
         r.v_ = DeviceArray<T>(n);
+        r.zero_pools();
         r.table_.assign(static_cast<std::size_t>(batch * r.stride_), -1);
         r.table_dev_ = DeviceArray<std::int32_t>(r.table_);
         for (std::int64_t p = n_pages - 1; p >= 0; --p) r.free_.push_back(static_cast<std::int32_t>(p));  // 0 first
@@ -936,6 +938,12 @@ private:
     static void check_shape(std::int32_t batch, std::int32_t hkv, std::int32_t d, const char* fn) {
         detail::require(batch >= 1 && hkv >= 1 && d >= 1, fn, "batch = ", batch, ", H_kv = ", hkv, ", head_dim = ", d,
                         "; expected all >= 1");
+    }
+    // Rows no sequence holds yet are zeros, not whatever the allocation held: download_sequence copies
+    // whole pools, and compute-sanitizer's initcheck would flag the copy of never-written memory.
+    void zero_pools() {
+        k_.fill_bytes(0);
+        v_.fill_bytes(0);
     }
     void init_lengths() {
         lens_.assign(static_cast<std::size_t>(B_), 0);

@@ -14,8 +14,9 @@
 //
 // q [n_q, H, d], k, v [n_k, H_kv, d], out [n_q, H, d] are device views. Inputs bf16 or fp16 (q, k, v of
 // one type), head_dim 64 or 128, unit inner stride, rows 16-byte aligned; out fp32, fp16 or bf16, any
-// strides. Kernel: prefill/kernels_mma.cuh (mma.sync, sm_80+; fp32 accumulation, P rounded to the input
-// type as in FlashAttention). The dense and token-sparse front ends pack the query heads of a KV
+// strides. Kernel: prefill/kernels_mma.cuh (wgmma on Hopper where the binary holds sm_90a code,
+// mma.sync elsewhere: PrefillOptions::kernel; fp32 accumulation, P rounded to the input type as in
+// FlashAttention). The dense and token-sparse front ends pack the query heads of a KV
 // group into one block's rows, so each K / V tile is loaded once for the group; the token-sparse
 // front end reads the kept rows of q, k and v in place (no gather pass). The block-sparse front end
 // cuts the keys each query block may see into segments from the mask (block_counts of
