@@ -236,7 +236,8 @@ public:
 
         // p, counts, indptr and the status word back to the host: the one synchronization.
         auto* back = reinterpret_cast<int*>(h + b_text);
-        detail::check_cuda(cudaMemcpyAsync(back, small_d, static_cast<std::size_t>(3 * G + 2) * sizeof(int), cudaMemcpyDeviceToHost, stream),
+        // p [G], counts [G], indptr [G + 1]: not the padding int after them (never written).
+        detail::check_cuda(cudaMemcpyAsync(back, small_d, static_cast<std::size_t>(3 * G + 1) * sizeof(int), cudaMemcpyDeviceToHost, stream),
                            fn, "cudaMemcpyAsync");
         detail::check_cuda(cudaMemcpyAsync(back + 3 * G + 2, status_d, sizeof(int), cudaMemcpyDeviceToHost, stream), fn,
                            "cudaMemcpyAsync");
