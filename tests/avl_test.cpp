@@ -42,15 +42,15 @@ std::vector<std::int64_t> random_subset(std::int64_t n, std::int64_t m, std::uin
 }
 
 // Random Q/K/V with "sink" keys every 7th position so the attention is peaked (few near-ties).
-struct Qkv {
+struct AvlQkv {
     std::int64_t n, H, Hkv, d;
     std::vector<float> q, k, v;
     View3<const float> qv() const { return {q.data(), {n, H, d}}; }
     View3<const float> kv() const { return {k.data(), {n, Hkv, d}}; }
     View3<const float> vv() const { return {v.data(), {n, Hkv, d}}; }
 };
-Qkv make_qkv(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::int64_t d, std::uint64_t seed) {
-    Qkv r{n, H, Hkv, d, vt::random_buffer<float>(static_cast<std::size_t>(n * H * d), seed),
+AvlQkv avl_make_qkv(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::int64_t d, std::uint64_t seed) {
+    AvlQkv r{n, H, Hkv, d, vt::random_buffer<float>(static_cast<std::size_t>(n * H * d), seed),
           vt::random_buffer<float>(static_cast<std::size_t>(n * Hkv * d), seed + 1),
           vt::random_buffer<float>(static_cast<std::size_t>(n * Hkv * d), seed + 2)};
     const auto u = vt::random_buffer<float>(static_cast<std::size_t>(d), seed + 3);
@@ -357,7 +357,7 @@ struct Trace {
 };
 
 template <bool Simd>
-Trace run_trace(const Qkv& in, const Layout& l, const AvlParams& P, std::int64_t steps, std::uint64_t seed) {
+Trace run_trace(const AvlQkv& in, const Layout& l, const AvlParams& P, std::int64_t steps, std::uint64_t seed) {
     const std::int64_t n = in.n, H = in.H, Hkv = in.Hkv, d = in.d;
     Trace tr;
     std::vector<double> sc;
@@ -409,7 +409,7 @@ TEST_CASE("avl: full decode trace, simd against reference, GQA 1/2/4/8", "[avl][
         for (int variant = 0; variant < 3; ++variant) {
             const std::int64_t H = Hkv * ratio;
             INFO("H " << H << " variant " << variant);
-            const Qkv in = make_qkv(l.n(), H, Hkv, d, seed + static_cast<std::uint64_t>(ratio * 10 + variant));
+            const AvlQkv in = avl_make_qkv(l.n(), H, Hkv, d, seed + static_cast<std::uint64_t>(ratio * 10 + variant));
             AvlParams P;
             if (variant == 1) P.async_refresh = true;
             if (variant == 2) {
@@ -573,7 +573,7 @@ TEST_CASE("avl: bad input is a clear error", "[avl][errors]") {
     REQUIRE_THROWS_WITH(avl_select(s, l, AvlParams{}, outside), Contains("present position 14, expected a position in [0, 14)"));
     REQUIRE_THROWS_WITH(avl_select(s, l, AvlParams{}, {}, {{5}}), Contains("not a present non-image token"));
     // Q/K shapes.
-    const Qkv in = make_qkv(14, 4, 2, 8, 3);
+    const AvlQkv in = avl_make_qkv(14, 4, 2, 8, 3);
     REQUIRE_THROWS_WITH(reference::avl_scores(in.qv(), View3<const float>(in.k.data(), {14, 3, 8})), Contains("not a multiple"));
     REQUIRE_THROWS_WITH(simd::avl_scores(View3<const float>(in.q.data(), {0, 4, 8}), in.kv()), Contains("empty"));
     // Schedule misuse.
@@ -613,7 +613,7 @@ std::filesystem::path avl_golden_root() {
     return std::filesystem::path(VLSPARSE_SOURCE_DIR) / "golden" / "avl";
 }
 
-struct RefBackend {
+struct AvlRefBackend {
     template <class T>
     static std::vector<double> scores(View3<const T> q, View3<const T> k) { return reference::avl_scores(q, k); }
     template <class T>
@@ -625,7 +625,7 @@ struct RefBackend {
         return reference::avl_decode_step(q, c, s, t, o);
     }
 };
-struct SimdBackend {
+struct AvlSimdBackend {
     template <class T>
     static std::vector<double> scores(View3<const T> q, View3<const T> k) { return simd::avl_scores(q, k); }
     template <class T>
@@ -658,8 +658,8 @@ TEST_CASE("avl: golden traces (12 steps, K = 3) from both paths", "[avl][golden]
     std::sort(dirs.begin(), dirs.end());
     REQUIRE(dirs.size() == 3);
     for (const auto& d : dirs) {
-        check_avl_case<RefBackend>(d, "reference");
-        check_avl_case<SimdBackend>(d, "simd");
+        check_avl_case<AvlRefBackend>(d, "reference");
+        check_avl_case<AvlSimdBackend>(d, "simd");
     }
 }
 #endif

@@ -25,7 +25,7 @@ using vt::Qkv;
 
 // Random Q/K/V with a shared direction on every 13th key, so the attention is peaked.
 template <class T>
-Qkv<T> make_qkv(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::int64_t d, std::uint64_t seed, bool zero_k = false) {
+Qkv<T> baselines_make_qkv(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::int64_t d, std::uint64_t seed, bool zero_k = false) {
     Qkv<T> r{n, H, Hkv, d, {}, {}, {}};
     auto q = vt::random_buffer<float>(static_cast<std::size_t>(n * H * d), seed, 1.0f);
     auto k = vt::random_buffer<float>(static_cast<std::size_t>(n * Hkv * d), seed + 1, 1.0f);
@@ -43,7 +43,7 @@ Qkv<T> make_qkv(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::int64_t d
     return r;
 }
 
-double max_abs(const std::vector<double>& v) {
+double baselines_max_abs(const std::vector<double>& v) {
     double m = 0.0;
     for (double x : v) m = std::max(m, std::abs(x));
     return m;
@@ -53,7 +53,7 @@ void check_scores(const std::vector<std::vector<double>>& s, const std::vector<s
     REQUIRE(s.size() == r.size());
     for (std::size_t g = 0; g < r.size(); ++g) {
         REQUIRE(s[g].size() == r[g].size());
-        const double scale = max_abs(r[g]);
+        const double scale = baselines_max_abs(r[g]);
         for (std::size_t j = 0; j < r[g].size(); ++j) {
             INFO("group " << g << " score[" << j << "] simd " << s[g][j] << " reference " << r[g][j]);
             REQUIRE(std::abs(s[g][j] - r[g][j]) <= vt::kFastVsReference.score_rel * scale);
@@ -72,7 +72,7 @@ void check_selection(const TokenSelection& s, const TokenSelection& r) {
         if (s.indices[g] == r.indices[g]) continue;
         REQUIRE(r.scores.size() == r.groups());
         const auto& sc = r.scores[g];
-        const double tol = vt::kFastVsReference.score_rel * max_abs(sc);
+        const double tol = vt::kFastVsReference.score_rel * baselines_max_abs(sc);
         std::vector<std::int64_t> only_s, only_r;
         std::set_difference(s.indices[g].begin(), s.indices[g].end(), r.indices[g].begin(), r.indices[g].end(), std::back_inserter(only_s));
         std::set_difference(r.indices[g].begin(), r.indices[g].end(), s.indices[g].begin(), s.indices[g].end(), std::back_inserter(only_r));
@@ -94,7 +94,7 @@ template <class T>
 void h2o_case(std::int64_t n, std::int64_t H, std::int64_t Hkv, const H2OParams& P, std::uint64_t seed) {
     INFO("H2O n=" << n << " H=" << H << "/" << Hkv << " dtype=" << dtype_name(dtype_of<T>()) << " groups="
                   << to_string(P.groups) << " seed=" << seed);
-    const auto in = make_qkv<T>(n, H, Hkv, 24, seed);
+    const auto in = baselines_make_qkv<T>(n, H, Hkv, 24, seed);
     const auto rs = reference::h2o_scores(in.qv(), in.kv(), P.groups);
     const auto ss = simd::h2o_scores(in.qv(), in.kv(), P.groups);
     check_scores(ss, rs);
@@ -114,7 +114,7 @@ template <class T>
 void snapkv_case(std::int64_t n, std::int64_t H, std::int64_t Hkv, const SnapKVParams& P, std::uint64_t seed, bool zero_k = false) {
     INFO("SnapKV n=" << n << " H=" << H << "/" << Hkv << " dtype=" << dtype_name(dtype_of<T>()) << " window=" << P.window
                      << " kernel=" << P.kernel << " pooling=" << to_string(P.pooling) << " seed=" << seed);
-    const auto in = make_qkv<T>(n, H, Hkv, 24, seed, zero_k);
+    const auto in = baselines_make_qkv<T>(n, H, Hkv, 24, seed, zero_k);
     const auto rw = reference::snapkv_window_scores(in.qv(), in.kv(), P.window, P.groups);
     const auto sw = simd::snapkv_window_scores(in.qv(), in.kv(), P.window, P.groups);
     check_scores(sw, rw);
@@ -145,7 +145,7 @@ void fastv_case(const std::string& spec, std::int64_t H, std::int64_t Hkv, const
     const std::int64_t n = layout.n();
     INFO("FastV " << spec << " H=" << H << "/" << Hkv << " dtype=" << dtype_name(dtype_of<T>()) << " rate=" << P.rate
                   << " spans=" << to_string(P.spans) << " seed=" << seed);
-    const auto in = make_qkv<T>(n, H, Hkv, 24, seed, zero_k);
+    const auto in = baselines_make_qkv<T>(n, H, Hkv, 24, seed, zero_k);
     const auto rs = reference::fastv_scores(in.qv(), in.kv());
     const auto ss = simd::fastv_scores(in.qv(), in.kv());
     check_scores({ss}, {rs});
@@ -255,7 +255,7 @@ TEST_CASE("baselines: H2O simd matches reference (GQA 1/2/4/8, dtypes, odd lengt
 
 TEST_CASE("baselines: H2O with uniform attention keeps the earliest heavy hitters", "[baselines][h2o]") {
     // Zero keys: a_j = sum_{i >= j} 1/(i+1) per head, strictly decreasing in j.
-    const auto in = make_qkv<float>(30, 4, 2, 16, vt::base_seed() + 5, true);
+    const auto in = baselines_make_qkv<float>(30, 4, 2, 16, vt::base_seed() + 5, true);
     H2OParams P;
     P.heavy = TokenBudget::tokens(6);
     P.recent = TokenBudget::tokens(4);
@@ -296,7 +296,7 @@ TEST_CASE("baselines: SnapKV simd matches reference (GQA, dtypes, pooling, ties)
     P.kernel = 5;
     P.capacity = TokenBudget::tokens(16);
     snapkv_case<float>(40, 4, 2, P, ++s, true);
-    const auto in = make_qkv<float>(40, 4, 2, 16, ++s, true);
+    const auto in = baselines_make_qkv<float>(40, 4, 2, 16, ++s, true);
     const auto sel = simd::snapkv_select(in.qv(), in.kv(), P);
     // Prefix of 32 columns, every one with the same window sum; avg pooling is lower at the two
     // edges (zero padding), so the 8 chosen are positions 2..9, then the window 32..39.
@@ -324,7 +324,7 @@ TEST_CASE("baselines: FastV simd matches reference (joint, per image, ties)", "[
     P.rate = 0.5;
     P.spans = FastVSpans::joint;
     fastv_case<float>("text:2,image:10,text:1,image:6,text:2", 4, 2, P, ++s, true);
-    const auto in = make_qkv<float>(21, 4, 2, 16, ++s, true);
+    const auto in = baselines_make_qkv<float>(21, 4, 2, 16, ++s, true);
     const auto sel = simd::fastv_select(in.qv(), in.kv(), Layout::parse("text:2,image:10,text:1,image:6,text:2"), P);
     REQUIRE(sel.indices[0] == std::vector<std::int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 19, 20});
 }
@@ -344,7 +344,7 @@ struct OneLayer {
 
 OneLayer one_layer(const std::string& spec, ModelShape shape, std::uint64_t seed) {
     const Layout L = Layout::parse(spec);
-    return {L, shape, make_qkv<float>(L.n(), shape.heads, shape.kv_heads, shape.head_dim, seed)};
+    return {L, shape, baselines_make_qkv<float>(L.n(), shape.heads, shape.kv_heads, shape.head_dim, seed)};
 }
 
 // Per-group mean over query heads of probs [H, Lmax] for per-KV-head row lists.
@@ -419,7 +419,7 @@ TEST_CASE("baselines: FastVPolicy drops visual tokens from the sequence after la
     const std::int64_t N = layout.n();
     std::vector<Qkv<float>> layers;
     for (std::int64_t l = 0; l < shape.layers; ++l)
-        layers.push_back(make_qkv<float>(N, shape.heads, shape.kv_heads, shape.head_dim, vt::base_seed() + 400 + 10 * l));
+        layers.push_back(baselines_make_qkv<float>(N, shape.heads, shape.kv_heads, shape.head_dim, vt::base_seed() + 400 + 10 * l));
     FastVParams P;
     P.k_layer = 2;
     FastVPolicy pol(P);
@@ -556,7 +556,7 @@ TEST_CASE("baselines: StreamingLLMPolicy rolls the window during decode", "[base
 
 // ------------------------------------------------------------------------------------------------
 TEST_CASE("baselines: bad input is a clear error", "[baselines][errors]") {
-    const auto in = make_qkv<float>(20, 4, 2, 16, vt::base_seed() + 700);
+    const auto in = baselines_make_qkv<float>(20, 4, 2, 16, vt::base_seed() + 700);
     const Layout layout = Layout::parse("text:4,image:12,text:4");
     // H2O.
     H2OParams H;
@@ -673,7 +673,7 @@ std::filesystem::path baselines_golden_root() {
     return std::filesystem::path(VLSPARSE_SOURCE_DIR) / "golden" / "baselines";
 }
 
-struct RefBackend {
+struct BaselinesRefBackend {
     template <class T>
     static std::vector<std::vector<double>> h2o_scores(View3<const T> q, View3<const T> k, BaselineGroups g) {
         return reference::h2o_scores(q, k, g);
@@ -694,7 +694,7 @@ struct RefBackend {
         return probs;
     }
 };
-struct SimdBackend {
+struct BaselinesSimdBackend {
     template <class T>
     static std::vector<std::vector<double>> h2o_scores(View3<const T> q, View3<const T> k, BaselineGroups g) {
         return simd::h2o_scores(q, k, g);
@@ -736,8 +736,8 @@ TEST_CASE("baselines: golden cases from both paths", "[baselines][golden]") {
     std::set<std::string> kinds;
     for (const auto& d : dirs) {
         kinds.insert(golden::read_baselines_inputs(d).baseline);
-        check_baselines_case<RefBackend>(d, "reference");
-        check_baselines_case<SimdBackend>(d, "simd");
+        check_baselines_case<BaselinesRefBackend>(d, "reference");
+        check_baselines_case<BaselinesSimdBackend>(d, "simd");
     }
     REQUIRE(kinds == std::set<std::string>{"h2o", "snapkv", "streamingllm", "fastv", "random", "fixed_ratio"});
 }

@@ -47,7 +47,7 @@ std::vector<MaskOptions> option_sets() {
 
 using vt::Qkv;
 template <class T>
-Qkv<T> make_qkv(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::int64_t d, std::uint64_t seed) {
+Qkv<T> blindsight_make_qkv(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::int64_t d, std::uint64_t seed) {
     return {n, H, Hkv, d, vt::random_buffer<T>(static_cast<std::size_t>(n * H * d), seed, 1.0f),
             vt::random_buffer<T>(static_cast<std::size_t>(n * Hkv * d), seed + 1, 1.0f),
             vt::random_buffer<T>(static_cast<std::size_t>(n * Hkv * d), seed + 2, 1.0f)};
@@ -274,7 +274,7 @@ TEST_CASE("blindsight: masked attention simd vs reference vs dense attention ove
         const BlockMask bm = make_block_mask(c, heads, s.qb, s.kb);
         auto check = [&](auto tag) {
             using T = decltype(tag);
-            const auto in = make_qkv<T>(n, s.H, s.Hkv, s.d, seed + static_cast<std::uint64_t>(s.H * 7 + s.d));
+            const auto in = blindsight_make_qkv<T>(n, s.H, s.Hkv, s.d, seed + static_cast<std::uint64_t>(s.H * 7 + s.d));
             std::vector<double> ref(static_cast<std::size_t>(n * s.H * s.d));
             std::vector<float> fast(ref.size()), scal(ref.size());
             reference::masked_attention(in.qv(), in.kv(), in.vv(), c, heads, View3<double>(ref.data(), {n, s.H, s.d}));
@@ -306,7 +306,7 @@ TEST_CASE("blindsight: masked engine with small blocks, chunks and packing slots
         const std::int64_t H = 8;
         const auto heads = mixed_heads(H, seed + static_cast<std::uint64_t>(Hkv));
         const BlockMask bm = make_block_mask(c, heads, 8, 8);
-        const auto in = make_qkv<float>(n, H, Hkv, d, seed + 10 + static_cast<std::uint64_t>(Hkv));
+        const auto in = blindsight_make_qkv<float>(n, H, Hkv, d, seed + 10 + static_cast<std::uint64_t>(Hkv));
         std::vector<double> ref(static_cast<std::size_t>(n * H * d));
         reference::masked_attention(in.qv(), in.kv(), in.vv(), c, heads, View3<double>(ref.data(), {n, H, d}));
         const float scale = 1.0f / std::sqrt(static_cast<float>(d));
@@ -328,7 +328,7 @@ TEST_CASE("blindsight: Dense template equals dense causal attention; head-major 
     INFO("seed " << seed);
     const Layout L = Layout::parse(kLayouts[1]);
     const std::int64_t n = L.n(), H = 4, Hkv = 2, d = 12;
-    const auto in = make_qkv<float>(n, H, Hkv, d, seed);
+    const auto in = blindsight_make_qkv<float>(n, H, Hkv, d, seed);
     const MaskContext c = make_mask_context(L);
     const std::vector<MaskTemplate> heads(H, MaskTemplate::dense);
     std::vector<double> a(static_cast<std::size_t>(n * H * d)), b(a.size());
@@ -358,7 +358,7 @@ TEST_CASE("blindsight: Algorithm 1 on a hand-made case and simd vs reference", "
     // One image: Document and Document-Sink equal Dense exactly (no other image to drop).
     {
         const Layout L = Layout::parse("text:3,image:20,text:2");
-        const auto in = make_qkv<float>(L.n(), 2, 1, 8, seed);
+        const auto in = blindsight_make_qkv<float>(L.n(), 2, 1, 8, seed);
         const auto r = reference::characterize_prompt(in.qv(), in.kv(), in.vv(), L);
         for (const auto& h : r) {
             REQUIRE(h.nmse[1] > 0.1);  // Sink drops most of the image: random V -> large error
@@ -375,7 +375,7 @@ TEST_CASE("blindsight: Algorithm 1 on a hand-made case and simd vs reference", "
         BlindSightParams P;
         P.alpha = alpha;
         const Layout L = Layout::parse(kLayouts[3]);
-        const auto in = make_qkv<bfloat16>(L.n(), 8, 2, 16, seed + 1);
+        const auto in = blindsight_make_qkv<bfloat16>(L.n(), 8, 2, 16, seed + 1);
         const auto r = reference::characterize_prompt(in.qv(), in.kv(), in.vv(), L, P);
         const auto s = simd::characterize_prompt(in.qv(), in.kv(), in.vv(), L, P, 8, 16);
         REQUIRE(r.size() == 8);
@@ -523,7 +523,7 @@ TEST_CASE("blindsight: head map JSON round trip and strict reading", "[blindsigh
 TEST_CASE("blindsight: bad input is a clear error", "[blindsight][errors]") {
     const Layout L = Layout::parse("text:2,image:6,text:1,image:5,text:2");
     const std::int64_t n = L.n(), H = 4, Hkv = 2, d = 8;
-    const auto in = make_qkv<float>(n, H, Hkv, d, 3);
+    const auto in = blindsight_make_qkv<float>(n, H, Hkv, d, 3);
     for (double f : {0.0, -0.1, 1.5, std::numeric_limits<double>::quiet_NaN()}) {
         MaskOptions o;
         o.sink_fraction = f;
@@ -626,7 +626,7 @@ struct ReferenceBackend {
 };
 
 // The SIMD path with small blocks that do not divide n, so goldens cross block boundaries.
-struct SimdBackend {
+struct BlindSightSimdBackend {
     template <class T>
     static void masked(View3<const T> q, View3<const T> k, View3<const T> v, const MaskContext& c,
                        std::span<const MaskTemplate> heads, View3<float> o) {
@@ -687,5 +687,5 @@ TEST_CASE("golden blindsight: the reference reproduces every case", "[blindsight
 }
 
 TEST_CASE("golden blindsight: the SIMD path meets every case's tolerances", "[blindsight][golden]") {
-    for (const auto& dir : golden_cases()) check_golden_case<SimdBackend>(dir, "simd");
+    for (const auto& dir : golden_cases()) check_golden_case<BlindSightSimdBackend>(dir, "simd");
 }

@@ -16,6 +16,7 @@
 
 #include <vlsparse/io/golden.hpp>
 #include <vlsparse/io/npy.hpp>
+#include "error_of.hpp"
 
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
@@ -73,16 +74,7 @@ std::string f32_bytes(std::initializer_list<float> v) {
     return s;
 }
 
-// The what() of the vlsparse::error that `f` throws ("" when it does not throw).
-template <class F>
-std::string error_of(F&& f) {
-    try {
-        f();
-    } catch (const vlsparse::error& e) {
-        return e.what();
-    }
-    return "";
-}
+using vt::error_of;
 
 template <class T>
 bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
@@ -118,6 +110,8 @@ std::vector<T> sample(std::size_t n) {
         if constexpr (std::is_same_v<T, vlsparse::half> || std::is_same_v<T, vlsparse::bfloat16>)
             v[i] = T(static_cast<float>(x));
         else if constexpr (std::is_same_v<T, bool>) v[i] = (i % 3) == 1;
+        // Integers through int64 (a negative double to an unsigned type is undefined; int64 to it wraps).
+        else if constexpr (std::is_integral_v<T>) v[i] = static_cast<T>(static_cast<std::int64_t>(x));
         else v[i] = static_cast<T>(x);
     }
     return v;

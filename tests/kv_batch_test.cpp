@@ -16,6 +16,7 @@
 #include <vlsparse/core/rng.hpp>
 #include <vlsparse/kv/kv_batch.hpp>
 #include <vlsparse/reference/kv_batch.hpp>
+#include "error_of.hpp"
 
 using namespace vlsparse;
 using Catch::Matchers::Contains;
@@ -27,15 +28,7 @@ std::uint64_t base_seed() {
     return s ? std::strtoull(s, nullptr, 0) : 20261124u;
 }
 
-template <class F>
-std::string error_of(F&& f) {
-    try {
-        f();
-    } catch (const vlsparse::error& e) {
-        return e.what();
-    }
-    return "";
-}
+using vt::error_of;
 
 // Multiples of 1/4 in [-32, 32): exact in fp32, fp16 and bf16.
 float small_value(SplitMix64& rng) { return static_cast<float>(static_cast<int>(rng.below(256)) - 128) * 0.25f; }

@@ -12,6 +12,7 @@
 #include <vlsparse/core/selection.hpp>
 #include <vlsparse/core/tensor.hpp>
 #include <vlsparse/kv/kv_cache.hpp>
+#include "error_of.hpp"
 
 using Catch::Matchers::Contains;
 using vlsparse::bfloat16;
@@ -74,16 +75,7 @@ TokenSelection shared(std::int64_t n, std::vector<std::int64_t> idx) {
     return s;
 }
 
-// The what() of the vlsparse::error that `f` throws ("" when it does not throw).
-template <class F>
-std::string error_of(F&& f) {
-    try {
-        f();
-    } catch (const vlsparse::error& e) {
-        return e.what();
-    }
-    return "";
-}
+using vt::error_of;
 
 }  // namespace
 

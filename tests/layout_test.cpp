@@ -7,6 +7,7 @@
 
 #include <vlsparse/core/error.hpp>
 #include <vlsparse/core/layout.hpp>
+#include "error_of.hpp"
 
 using Catch::Matchers::Contains;
 using Catch::Matchers::Matches;
@@ -15,16 +16,7 @@ using vlsparse::Segment;
 using vlsparse::SegmentKind;
 
 namespace {
-// The what() of the vlsparse::error that `f` throws ("" when it does not throw).
-template <class F>
-std::string error_of(F&& f) {
-    try {
-        f();
-    } catch (const vlsparse::error& e) {
-        return e.what();
-    }
-    return "";
-}
+using vt::error_of;
 }  // namespace
 
 TEST_CASE("Layout::parse: text, image, video", "[layout]") {

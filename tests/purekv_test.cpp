@@ -102,7 +102,7 @@ using vt::Qkv;
 // Random Q/K/V with a few "heavy" keys (every 11th position gets +3u, queries +1.5u) so the window
 // attention is peaked like a real model's, and V rows of varying magnitude.
 template <class T>
-Qkv<T> make_qkv(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::int64_t d, std::uint64_t seed) {
+Qkv<T> purekv_make_qkv(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::int64_t d, std::uint64_t seed) {
     Qkv<T> r{n, H, Hkv, d, {}, {}, {}};
     auto q = vt::random_buffer<float>(static_cast<std::size_t>(n * H * d), seed, 1.0f);
     auto k = vt::random_buffer<float>(static_cast<std::size_t>(n * Hkv * d), seed + 1, 1.0f);
@@ -125,7 +125,7 @@ Qkv<T> make_qkv(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::int64_t d
     return r;
 }
 
-double max_abs(const std::vector<double>& v) {
+double purekv_max_abs(const std::vector<double>& v) {
     double m = 0.0;
     for (double x : v) m = std::max(m, std::abs(x));
     return m;
@@ -148,7 +148,7 @@ void check_selection_matches(const PureKVSelection& s, const PureKVSelection& r)
     for (std::int64_t g = 0; g < r.groups(); ++g) {
         INFO("group " << g);
         const auto G = static_cast<std::size_t>(g);
-        const double sv = max_abs(r.v_norm[G]), si = max_abs(r.importance[G]);
+        const double sv = purekv_max_abs(r.v_norm[G]), si = purekv_max_abs(r.importance[G]);
         for (std::size_t j = 0; j < r.v_norm[G].size(); ++j) {
             INFO("position " << j);
             REQUIRE(std::abs(s.v_norm[G][j] - r.v_norm[G][j]) <= tol * sv);
@@ -182,7 +182,7 @@ void check_scores_match(const PureKVScores& s, const PureKVScores& r) {
     for (std::int64_t g = 0; g < r.groups(); ++g) {
         const auto& a = s.s[static_cast<std::size_t>(g)];
         const auto& b = r.s[static_cast<std::size_t>(g)];
-        const double scale = max_abs(b);
+        const double scale = purekv_max_abs(b);
         for (std::size_t j = 0; j < b.size(); ++j) {
             INFO("group " << g << " s[" << j << "]");
             REQUIRE(std::abs(a[j] - b[j]) <= vt::kFastVsReference.score_rel * scale);
@@ -193,7 +193,7 @@ void check_scores_match(const PureKVScores& s, const PureKVScores& r) {
 
 // Attention of every row over an explicit [n, n] boolean mask (same for every head), in double.
 template <class T>
-std::vector<double> attention_over_mask(const Qkv<T>& in, const std::vector<std::uint8_t>& mask) {
+std::vector<double> purekv_attention_over_mask(const Qkv<T>& in, const std::vector<std::uint8_t>& mask) {
     const std::int64_t n = in.n, H = in.H, d = in.d, group = in.H / in.Hkv;
     const double scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
     std::vector<double> out(static_cast<std::size_t>(n * H * d), 0.0);
@@ -220,7 +220,7 @@ std::vector<double> attention_over_mask(const Qkv<T>& in, const std::vector<std:
     return out;
 }
 
-std::filesystem::path golden_root() {
+std::filesystem::path purekv_golden_root() {
     if (const char* d = std::getenv("VLSPARSE_GOLDEN_DIR")) return d;
     return std::filesystem::path(VLSPARSE_SOURCE_DIR) / "golden";
 }
@@ -367,11 +367,11 @@ TEST_CASE("purekv: masked attention with video masks, SIMD vs reference vs the e
             INFO(sh.layout << " H " << sh.H << "/" << sh.Hkv << " d " << sh.d << " mask " << to_string(kind));
             auto run = [&](auto tag) {
                 using T = decltype(tag);
-                const auto in = make_qkv<T>(n, sh.H, sh.Hkv, sh.d, seed + static_cast<std::uint64_t>(n));
+                const auto in = purekv_make_qkv<T>(n, sh.H, sh.Hkv, sh.d, seed + static_cast<std::uint64_t>(n));
                 std::vector<float> os(static_cast<std::size_t>(n * sh.H * sh.d)), orf(os.size());
                 simd::purekv_st_attention(in.qv(), in.kv(), in.vv(), L, View3<float>(os.data(), {n, sh.H, sh.d}), P);
                 reference::purekv_st_attention(in.qv(), in.kv(), in.vv(), L, View3<float>(orf.data(), {n, sh.H, sh.d}), P);
-                const auto oracle = attention_over_mask(in, expand_mask(purekv_mask_context(L, P), MaskTemplate::dense));
+                const auto oracle = purekv_attention_over_mask(in, expand_mask(purekv_mask_context(L, P), MaskTemplate::dense));
                 REQUIRE(vt::nmse(orf, oracle) <= 1e-12);
                 REQUIRE(vt::nmse(os, orf) <= vt::kFastVsReference.attention_nmse);
             };
@@ -408,7 +408,7 @@ TEST_CASE("purekv: simd matches reference over shapes, dtypes, GQA ratios, group
                     using T = decltype(tag);
                     INFO("n " << c.n << " H " << c.H << "/" << c.Hkv << " d " << c.d << " w " << c.window << " "
                               << to_string(grouping) << " budget " << budget << " dtype " << dtype_name(dtype_of<T>()));
-                    const auto in = make_qkv<T>(c.n, c.H, c.Hkv, c.d, seed + static_cast<std::uint64_t>(c.n * 7 + c.H));
+                    const auto in = purekv_make_qkv<T>(c.n, c.H, c.Hkv, c.d, seed + static_cast<std::uint64_t>(c.n * 7 + c.H));
                     const auto sr = reference::purekv_window_scores(in.qv(), in.kv(), 3, P);
                     const auto ss = simd::purekv_window_scores(in.qv(), in.kv(), 3, P);
                     check_scores_match(ss, sr);
@@ -613,7 +613,7 @@ TEST_CASE("purekv: the estimator layer by layer, SIMD vs reference, against the 
         P.k_block = 16;
         INFO("lower_layers " << to_string(lower));
         std::vector<Qkv<float>> layers;
-        for (std::int64_t l = 0; l < L; ++l) layers.push_back(make_qkv<float>(n, H, Hkv, d, seed + static_cast<std::uint64_t>(l) * 10));
+        for (std::int64_t l = 0; l < L; ++l) layers.push_back(purekv_make_qkv<float>(n, H, Hkv, d, seed + static_cast<std::uint64_t>(l) * 10));
         simd::PureKVEstimator es(P, layout, shape);
         reference::PureKVEstimator er(P, layout, shape);
         REQUIRE(es.block_mask() != nullptr);
@@ -679,8 +679,8 @@ TEST_CASE("purekv: the estimator layer by layer, SIMD vs reference, against the 
 TEST_CASE("purekv: validation is rho = 1 against itself and matches a direct Spearman", "[purekv][estimator]") {
     const Layout layout = Layout::parse("text:4,video:4x10,text:6");
     const std::int64_t n = layout.n(), H = 4, Hkv = 2, d = 16;
-    const auto a = make_qkv<float>(n, H, Hkv, d, vt::base_seed() + 300);
-    const auto b = make_qkv<float>(n, H, Hkv, d, vt::base_seed() + 301);
+    const auto a = purekv_make_qkv<float>(n, H, Hkv, d, vt::base_seed() + 300);
+    const auto b = purekv_make_qkv<float>(n, H, Hkv, d, vt::base_seed() + 301);
     PureKVParams P;
     P.window = 8;
     P.l0 = 0;
@@ -715,7 +715,7 @@ TEST_CASE("purekv: prefill_layer runs observe, attention, select and eviction", 
     P.top_h = 6;
     simd::PureKVEstimator est(P, layout, {L, H, Hkv, d});
     for (std::int64_t l = 0; l < L; ++l) {
-        const auto in = make_qkv<bfloat16>(n, H, Hkv, d, vt::base_seed() + 500 + static_cast<std::uint64_t>(l));
+        const auto in = purekv_make_qkv<bfloat16>(n, H, Hkv, d, vt::base_seed() + 500 + static_cast<std::uint64_t>(l));
         std::vector<float> out(static_cast<std::size_t>(n * H * d));
         KvCache<bfloat16> cache(Hkv, d);
         const auto s = est.prefill_layer(l, in.qv(), in.kv(), in.vv(), View3<float>(out.data(), {n, H, d}), cache);
@@ -741,7 +741,7 @@ TEST_CASE("purekv: the Policy adapter drives the estimator layer by layer", "[pu
     direct.begin(layout, shape);
     for (std::int64_t l = 0; l < L; ++l) {
         INFO("layer " << l);
-        const auto in = make_qkv<float>(n, H, Hkv, d, vt::base_seed() + 700 + static_cast<std::uint64_t>(l));
+        const auto in = purekv_make_qkv<float>(n, H, Hkv, d, vt::base_seed() + 700 + static_cast<std::uint64_t>(l));
         const PrefillLayer pl{&layout, shape, l, in.qv(), in.kv(), in.vv(), {}};
         const PrefillDecision a = any.prefill(pl), b = direct.prefill(pl);
         if (est.needs_scores(l)) est.observe(l, in.qv(), in.kv());
@@ -760,12 +760,12 @@ TEST_CASE("purekv: the Policy adapter drives the estimator layer by layer", "[pu
     REQUIRE(any.decode_read(3, 0, cached).indices == cached.indices);
     REQUIRE_FALSE(any.decode_observe(3, 0, cached, {}).has_value());
     // Dropped rows and a missing begin() are errors.
-    const auto in = make_qkv<float>(n - 1, H, Hkv, d, 1);
+    const auto in = purekv_make_qkv<float>(n - 1, H, Hkv, d, 1);
     std::vector<std::int64_t> pos(static_cast<std::size_t>(n - 1));
     for (std::int64_t i = 0; i < n - 1; ++i) pos[static_cast<std::size_t>(i)] = i + 1;
     REQUIRE_THROWS_WITH(direct.prefill({&layout, shape, 1, in.qv(), in.kv(), in.vv(), pos}), Contains("needs every position"));
     PureKVPolicy fresh(P);
-    const auto full = make_qkv<float>(n, H, Hkv, d, 2);
+    const auto full = purekv_make_qkv<float>(n, H, Hkv, d, 2);
     REQUIRE_THROWS_WITH(fresh.prefill({&layout, shape, 0, full.qv(), full.kv(), full.vv(), {}}), Contains("call begin"));
     PureKVParams bad = P;
     bad.l0 = 9;
@@ -778,7 +778,7 @@ TEST_CASE("purekv: the Policy adapter drives the estimator layer by layer", "[pu
 namespace {
 std::vector<std::filesystem::path> purekv_cases() {
     std::vector<std::filesystem::path> out;
-    for (const auto& e : std::filesystem::directory_iterator(golden_root() / "purekv"))
+    for (const auto& e : std::filesystem::directory_iterator(purekv_golden_root() / "purekv"))
         if (e.is_directory()) out.push_back(e.path());
     std::sort(out.begin(), out.end());
     return out;
@@ -860,7 +860,7 @@ TEST_CASE("purekv: params JSON round trip and strict reading", "[purekv]") {
 TEST_CASE("purekv: bad input is rejected with a clear error", "[purekv][errors]") {
     const Layout layout = Layout::parse("text:4,video:3x8,text:4");
     const std::int64_t n = layout.n(), H = 4, Hkv = 2, d = 8;
-    const auto in = make_qkv<float>(n, H, Hkv, d, 9);
+    const auto in = purekv_make_qkv<float>(n, H, Hkv, d, 9);
     const ModelShape shape{4, H, Hkv, d};
     PureKVParams P;
     P.window = 4;
@@ -921,7 +921,7 @@ TEST_CASE("purekv: bad input is rejected with a clear error", "[purekv][errors]"
     SECTION("estimator order and shapes") {
         simd::PureKVEstimator est(P, layout, shape);
         REQUIRE_THROWS_WITH(est.select(3, in.vv()), Contains("the scores of layer 2 are needed for layer 3 but were not observed"));
-        const auto other = make_qkv<float>(n - 1, H, Hkv, d, 3);
+        const auto other = purekv_make_qkv<float>(n - 1, H, Hkv, d, 3);
         REQUIRE_THROWS_WITH(est.observe(2, other.qv(), other.kv()), Contains("do not match the prompt and model (n = 32"));
         REQUIRE_THROWS_WITH(est.select(2, other.vv()), Contains("v has shape [31, 2, 8], expected [32, 2, 8]"));
         REQUIRE_THROWS_WITH(est.validate(1, in.qv(), in.kv(), in.vv()), Contains("expected a layer above l0 = 2"));

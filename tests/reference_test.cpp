@@ -12,6 +12,7 @@
 #include <vlsparse/core/selection.hpp>
 #include <vlsparse/kv/kv_cache.hpp>
 #include <vlsparse/reference/attention.hpp>
+#include "error_of.hpp"
 
 using Catch::Matchers::Contains;
 using vlsparse::View2;
@@ -60,16 +61,7 @@ vlsparse::AttentionOptions scale(float s) {
     return o;
 }
 
-// The what() of the vlsparse::error that `f` throws ("" when it does not throw).
-template <class F>
-std::string error_of(F&& f) {
-    try {
-        f();
-    } catch (const vlsparse::error& e) {
-        return e.what();
-    }
-    return "";
-}
+using vt::error_of;
 
 }  // namespace
 

@@ -21,6 +21,7 @@
 #include <vlsparse/sim/commands.hpp>
 
 #include "test_util.hpp"
+#include "error_of.hpp"
 
 namespace fs = std::filesystem;
 using namespace vlsparse;
@@ -80,16 +81,7 @@ std::int64_t index_of(const json& j, const std::string& name) {
     return -1;
 }
 
-// The what() of the vlsparse::error that `f` throws ("" when it does not throw).
-template <class F>
-std::string error_of(F&& f) {
-    try {
-        f();
-    } catch (const vlsparse::error& e) {
-        return e.what();
-    }
-    return "";
-}
+using vt::error_of;
 
 // What `vlsparse-sim ARGS` returns and prints (stdout and stderr captured through temporary files).
 struct SimOutput {

@@ -21,7 +21,9 @@ using namespace vlsparse::sim;
 
 namespace {
 
-fs::path temp_dir(const std::string& tag) {
+// Named apart from sim_engine_test.cpp's temp_dir: the two files are compiled as one translation unit
+// (tests/meson.build).
+fs::path export_temp_dir(const std::string& tag) {
     static std::mt19937_64 rng(std::random_device{}());
     const fs::path p = fs::temp_directory_path() / ("vlsparse_export_test_" + tag + "_" + std::to_string(rng()));
     fs::create_directories(p);
@@ -46,7 +48,7 @@ json without_times(json run) {
 }  // namespace
 
 TEST_CASE("sim export: a synthetic scenario exported and loaded as a dump gives the same report", "[sim][export]") {
-    const fs::path d = temp_dir("syn");
+    const fs::path d = export_temp_dir("syn");
     json j = json::parse(default_scenario_text());
     j["model"] = {{"layers", 3}, {"heads", 4}, {"kv_heads", 2}, {"head_dim", 32}};
     j["layout"] = "text:8,text:1,image:48,text:1,text:6,text:1,image:40,text:1,text:10";
@@ -105,7 +107,7 @@ TEST_CASE("sim export: a synthetic scenario exported and loaded as a dump gives 
 }
 
 TEST_CASE("sim export: the residual source exports its dense run", "[sim][export][residual]") {
-    const fs::path d = temp_dir("res");
+    const fs::path d = export_temp_dir("res");
     json j = json::parse(default_scenario_text());
     j["model"] = {{"layers", 2}, {"heads", 4}, {"kv_heads", 2}, {"head_dim", 16}};
     j["layout"] = "text:6,image:16[4x4],text:5";
@@ -229,7 +231,7 @@ TEST_CASE("sim generator: head roles are fixed by model_seed, prompt content by 
 }
 
 TEST_CASE("sim characterize: a residual source is calibrated on its dense run", "[sim][characterize][residual][issue17]") {
-    const fs::path d = temp_dir("char");
+    const fs::path d = export_temp_dir("char");
     json j = json::parse(default_scenario_text());
     j["model"] = {{"layers", 2}, {"heads", 4}, {"kv_heads", 2}, {"head_dim", 16}};
     j["layout"] = "text:6,image:16[4x4],text:2,image:16[4x4],text:5";

@@ -17,6 +17,7 @@
 #include <vlsparse/reference/attention.hpp>
 
 #include "test_util.hpp"
+#include "error_of.hpp"
 
 using Catch::Matchers::Contains;
 using vlsparse::Layout;
@@ -28,15 +29,7 @@ using vlsparse::sim::SyntheticPrompt;
 
 namespace {
 
-template <class F>
-std::string error_of(F&& f) {
-    try {
-        f();
-    } catch (const vlsparse::error& e) {
-        return e.what();
-    }
-    return "";
-}
+using vt::error_of;
 
 // Attention probabilities of the listed query rows, P(h, r, j), causal, scale 1/sqrt(d), by the reference.
 struct Probs {

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "test_util.hpp"
+#include "error_of.hpp"
 
 using Catch::Matchers::Contains;
 using Catch::Matchers::Equals;
@@ -30,15 +31,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-template <class F>
-std::string error_of(F&& f) {
-    try {
-        f();
-    } catch (const vlsparse::error& e) {
-        return e.what();
-    }
-    return "";
-}
+using vt::error_of;
 
 // A fresh empty directory under the system temp dir, removed at scope exit.
 struct TempDir {

@@ -16,6 +16,7 @@
 #include <vlsparse/reference/attention.hpp>
 
 #include "test_util.hpp"
+#include "error_of.hpp"
 
 using Catch::Matchers::Contains;
 using vlsparse::Layout;
@@ -28,15 +29,7 @@ using vlsparse::sim::ResidualParams;
 
 namespace {
 
-template <class F>
-std::string error_of(F&& f) {
-    try {
-        f();
-    } catch (const vlsparse::error& e) {
-        return e.what();
-    }
-    return "";
-}
+using vt::error_of;
 
 std::vector<std::int64_t> iota(std::int64_t n, std::int64_t from = 0) {
     std::vector<std::int64_t> p(static_cast<std::size_t>(n));

@@ -87,7 +87,12 @@ struct Qkv {
 template <class T>
 Qkv<T> make_qkv(std::int64_t nq, std::int64_t nk, std::int64_t H, std::int64_t Hkv, std::int64_t d, Fill fill,
                 std::uint64_t seed) {
-    Qkv<T> x{nq, nk, H, Hkv, d};
+    Qkv<T> x;
+    x.nq = nq;
+    x.nk = nk;
+    x.H = H;
+    x.Hkv = Hkv;
+    x.d = d;
     std::mt19937_64 rng(base_seed() * 1000003u + seed);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     std::uniform_int_distribution<int> ints(-4, 4);
@@ -361,7 +366,8 @@ TEST_CASE("cuda prefill: block-sparse masks against the reference", "[cuda][pref
                 const std::string what = "video " + std::string(to_string(kind)) + ", window " + std::to_string(window);
                 for (Fill f : {Fill::uniform, Fill::random}) {
                     run_masked<bfloat16>(ctx, std::vector<MaskTemplate>(8, MaskTemplate::dense), 2, 128, f, ++seed, what);
-                    run_masked<vlsparse::half>(ctx, mixed_heads(4, ++seed), 4, 64, f, ++seed, what + ", mixed templates");
+                    const auto mixed = mixed_heads(4, ++seed);
+                run_masked<vlsparse::half>(ctx, mixed, 4, 64, f, ++seed, what + ", mixed templates");
                 }
             }
     }
