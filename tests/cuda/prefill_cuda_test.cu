@@ -28,6 +28,7 @@
 #include <filesystem>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <vlsparse/cuda/prefill.cuh>
@@ -71,7 +72,12 @@ cuda::PrefillOptions opts() {
 const char* kernel_name() {
     return g_kernel == cuda::PrefillKernel::mma_sync ? "mma.sync" : "automatic";
 }
+// VLSPARSE_TEST_PREFILL_PATH=automatic or =mma_sync runs one path only (to split a slow run, e.g. under
+// compute-sanitizer's racecheck, over several processes); unset or anything else runs both.
 std::vector<cuda::PrefillKernel> kernel_paths() {
+    const char* only = std::getenv("VLSPARSE_TEST_PREFILL_PATH");
+    if (only != nullptr && std::string_view(only) == "automatic") return {cuda::PrefillKernel::automatic};
+    if (only != nullptr && std::string_view(only) == "mma_sync") return {cuda::PrefillKernel::mma_sync};
     return {cuda::PrefillKernel::automatic, cuda::PrefillKernel::mma_sync};
 }
 
