@@ -184,12 +184,12 @@ inline bool prefill_device_is_sm90(const char* fn) {
 
 template <class T, class TO, int D, bool WG>
 void launch_prefill_kernel(const PrefillArgs& a, dim3 grid, cudaStream_t stream, const char* fn) {
-    constexpr std::size_t smem = PrefillShape<D, WG ? 4 : 3>::smem_bytes();
+    constexpr std::size_t smem = PrefillShape<D, WG ? 5 : 3>::smem_bytes();
     // The attribute is per device: set it on every launch (a host-side call, no synchronization).
     check_cuda(cudaFuncSetAttribute(prefill_mma_kernel<T, TO, D, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem)),
                fn, "cudaFuncSetAttribute");
-    prefill_mma_kernel<T, TO, D, WG><<<grid, kPrefillThreads, smem, stream>>>(a);
+    prefill_mma_kernel<T, TO, D, WG><<<grid, WG ? kPrefillThreadsWS : kPrefillThreads, smem, stream>>>(a);
     check_launch(fn, "prefill_mma_kernel");
 }
 

@@ -2,11 +2,14 @@
 // online softmax, bf16 / fp16 inputs, fp32 accumulation, head dims 64 and 128. Internal to
 // vlsparse/cuda/prefill.cuh (namespace vlsparse::cuda::detail). Two instruction paths, one kernel:
 //   - mma.sync m16n8k16 (sm_80+): K and V fragments read from shared memory with ldmatrix;
-//   - wgmma (sm_90a, Hopper; template flag WG, used where the binary holds sm_90a code): each group of
-//     4 warps (a warpgroup, 64 m rows) issues S = Q K^T as wgmma m64n64k16 and O += P V as
-//     m64n{D}k16, A (Q, then P) from registers, B (K, then V transposed by the instruction) read by
-//     the tensor cores straight from shared memory through matrix descriptors. Compiled without
-//     sm_90a (__CUDA_ARCH_FEAT_SM90_ALL undefined), the WG instantiation runs the mma.sync path.
+//   - wgmma (sm_90a, Hopper; template flag WG, used on a cc 9.0 GPU): each group of 4 warps (a
+//     warpgroup, 64 m rows) issues S = Q K^T as wgmma m64n64k16 (Q and K read by the tensor cores
+//     straight from shared memory through matrix descriptors) and O += P V as m64n{D}k16 (P from
+//     registers, V transposed by the instruction). Warp-specialized: a third warpgroup only copies the
+//     key tiles (cp.async, handed over through mbarriers), the two compute warpgroups run without a
+//     block barrier and take turns on the tensor cores (ping-pong). Compiled without sm_90a
+//     (__CUDA_ARCH_FEAT_SM90_ALL undefined), the WG instantiation runs the mma.sync loop on its first
+//     8 warps.
 // Both paths share the shared-memory layout (K and V tiles in 128-byte-swizzled atoms of 8 rows x 64
 // elements, the layout wgmma's descriptors name), the segments, the masks and the softmax: the
 // accumulator fragments of wgmma m64nNk16 give each warp 16 rows in the same register order as
@@ -15,8 +18,8 @@
 // One block computes 128 "m rows" against a sequence of key tiles. An m row is a (query row, query
 // head) pair: with heads_packed = hp > 1 the hp query heads of a KV group are packed row-minor
 // (m = row * hp + head_in_group), so every K / V tile a block loads serves its whole head group; with
-// hp = 1 a block holds one head's rows. Each of the 8 warps owns 16 m rows: their Q fragments stay in
-// registers, S = Q K^T and O += P V run on the tensor cores with P rounded to the input type (the
+// hp = 1 a block holds one head's rows. Each of the 8 compute warps owns 16 m rows (mma.sync: their Q
+// fragments stay in registers), S = Q K^T and O += P V run on the tensor cores with P rounded to the input type (the
 // usual FlashAttention arithmetic), the running max and sum in fp32, exp2 on the special-function
 // unit in the log2 domain.
 //
@@ -29,8 +32,8 @@
 //     key's position is at or before the row's; kGeneral: the template / video mask of
 //     vlsparse/masks/templates.hpp evaluated per element (the block's partial tiles only). A tile
 //     marked kCausal whose last key lies at or before every row of the block runs unmasked.
-// K and V tiles go through a 3-stage ring in shared memory (cp.async, XOR-swizzled 16-byte chunks);
-// the positions of the next tile's rows are fetched one tile ahead.
+// K and V tiles go through a ring in shared memory (cp.async, XOR-swizzled 16-byte chunks; 3 stages for
+// mma.sync, 5 for wgmma); the positions of the next tile's rows are fetched one tile ahead.
 //
 // Outputs: o = (sum p v) / (sum p), 0 for a row that sees no key; rounded to the output type. With a
 // status pointer, a non-finite output (NaN / Inf in what was read, an fp32 overflow of a score) sets
@@ -48,7 +51,11 @@
 
 namespace vlsparse::cuda::detail {
 
-inline constexpr int kPrefillThreads = 256;  // 8 warps
+inline constexpr int kPrefillThreads = 256;  // 8 warps (the compute warps)
+// wgmma: a block has a third warpgroup, the producer, that copies the key tiles (warp specialization).
+inline constexpr int kPrefillThreadsWS = 384;
+inline constexpr int kPrefillProducerRegs = 56;   // setmaxnreg: 128 x 56 + 256 x 224 <= 65536
+inline constexpr int kPrefillConsumerRegs = 224;
 inline constexpr int kPrefillRows = 128;     // m rows per block (16 per warp)
 inline constexpr int kPrefillKeys = 64;      // key entries per tile
 
@@ -155,7 +162,7 @@ struct PrefillArgs {
 };
 
 // Tiles and shared memory of the kernel for head dim D with a ring of ST K / V stages (3 for mma.sync,
-// 4 for the pipelined wgmma loop).
+// 5 for the warp-specialized wgmma loop).
 template <int D, int ST = 3>
 struct PrefillShape {
     static_assert(D == 64 || D == 128, "the tensor-core prefill kernel takes head_dim 64 or 128");
@@ -180,8 +187,11 @@ struct PrefillShape {
     static constexpr int Q_PLANE_BYTES = BM * 128;  // of the Q tile
     // [stage][K, V][TILE] (1024-byte aligned), Q [BM x D], then positions, images and sinks [stage][BN];
     // 1024 bytes of slack to align the base.
+    // (+ the warp-specialized loop's full / empty mbarriers [STAGES] and each stage's tile kind and last
+    // key position [STAGES][2].)
     static constexpr std::size_t smem_bytes() {
-        return static_cast<std::size_t>(2 * STAGES * TILE + BM * D) * 2 + 3 * STAGES * BN * sizeof(int) + 1024;
+        return static_cast<std::size_t>(2 * STAGES * TILE + BM * D) * 2 + 3 * STAGES * BN * sizeof(int) +
+               2 * STAGES * sizeof(std::uint64_t) + 2 * STAGES * sizeof(int) + 1024;
     }
 };
 
@@ -271,6 +281,52 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
+// mbarriers in shared memory (sm_90): the warp-specialized loop's stage hand-offs.
+__device__ __forceinline__ void mbar_init(std::uint64_t* bar, unsigned count) {
+#if VLSPARSE_CUDA_HAS_WGMMA
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(bar))), "r"(count)
+                 : "memory");
+#else
+    (void)bar, (void)count;
+#endif
+}
+// Arrive (release: this thread's earlier shared-memory writes are visible to the threads that see the phase complete).
+__device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
+#if VLSPARSE_CUDA_HAS_WGMMA
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(bar)))
+                 : "memory");
+#else
+    (void)bar;
+#endif
+}
+// Waits until the phase with the given parity has completed (acquire).
+__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, unsigned parity) {
+#if VLSPARSE_CUDA_HAS_WGMMA
+    asm volatile(
+        "{\n.reg .pred done;\nwait_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra wait_%=;\n}\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(bar))),
+        "r"(parity)
+        : "memory");
+#else
+    (void)bar, (void)parity;
+#endif
+}
+template <int N>
+__device__ __forceinline__ void set_max_regs_inc() {
+#if VLSPARSE_CUDA_HAS_WGMMA
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+template <int N>
+__device__ __forceinline__ void set_max_regs_dec() {
+#if VLSPARSE_CUDA_HAS_WGMMA
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+// The compute warps' barrier when a block also has a producer warpgroup (named barrier 1, 256 threads).
+__device__ __forceinline__ void sync_compute_warps() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+
 // Keeps the compiler from moving accumulator accesses across the asynchronous matrix instructions.
 template <int N>
 __device__ __forceinline__ void wgmma_reg_fence(float (&r)[N]) {
@@ -397,9 +453,17 @@ struct TileCursor {
 
 // WG: the wgmma path where this code is compiled for sm_90a (else the mma.sync path, same results).
 template <class T, class TO, int D, bool WG>
-__global__ void __launch_bounds__(kPrefillThreads, 1) prefill_mma_kernel(const PrefillArgs a) {
-    using S = PrefillShape<D, WG ? 4 : 3>;
+__global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) prefill_mma_kernel(const PrefillArgs a) {
+    using S = PrefillShape<D, WG ? 5 : 3>;
     constexpr bool use_wgmma = WG && VLSPARSE_CUDA_HAS_WGMMA;
+    // A WG block compiled without sm_90a runs the mma.sync loop on its first 256 threads.
+    if constexpr (WG && !use_wgmma) {
+        if (threadIdx.x >= kPrefillThreads) return;
+    }
+    auto sync_compute = [&]() {
+        if constexpr (WG) sync_compute_warps();
+        else __syncthreads();
+    };
     extern __shared__ __align__(16) unsigned char prefill_smem[];
     // The K / V ring starts at the first 1024-byte boundary (the swizzle atoms of wgmma's descriptors).
     const unsigned smem_raw = static_cast<unsigned>(__cvta_generic_to_shared(prefill_smem));
@@ -408,6 +472,9 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_mma_kernel(const P
     int* skpos = reinterpret_cast<int*>(sq + S::BM * D);  // [stage][BN] key position, -1: empty
     int* skimg = skpos + S::STAGES * S::BN;   // [stage][BN] the key's image (template masks)
     int* sksink = skimg + S::STAGES * S::BN;  // [stage][BN] the key is a sink
+    std::uint64_t* full_bar = reinterpret_cast<std::uint64_t*>(sksink + S::STAGES * S::BN);  // [stage] (wgmma)
+    std::uint64_t* empty_bar = full_bar + S::STAGES;                                         // [stage] (wgmma)
+    int* smeta = reinterpret_cast<int*>(empty_bar + S::STAGES);  // [stage][kind, last key position] (wgmma)
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
@@ -487,7 +554,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_mma_kernel(const P
     };
 
     // ---- Q tile into shared memory ------------------------------------------------------------------
-    {
+    if (tid < kPrefillThreads) {
         const int c = tid % S::CPR;
 #pragma unroll
         for (int i = 0; i < S::QPT; ++i) {
@@ -552,15 +619,17 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_mma_kernel(const P
         ld.next(segs);
         fetch();
     };
-    // Prologue: the first 2 tiles in flight (one commit group each, empty when there is none).
+    // Prologue (mma.sync): the first 2 tiles in flight (one commit group each, empty when there is none).
     int n_issued = 0;
+    if constexpr (!use_wgmma) {
 #pragma unroll
-    for (int st = 0; st < 2; ++st) {
-        if (ld.valid) {
-            issue(st);
-            ++n_issued;
+        for (int st = 0; st < 2; ++st) {
+            if (ld.valid) {
+                issue(st);
+                ++n_issued;
+            }
+            copy_commit();
         }
-        copy_commit();
     }
 
     // Rows of this thread: r0 = lane / 4 and r0 + 8 of the warp's 16.
@@ -576,8 +645,20 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_mma_kernel(const P
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) mrows[rr] = masked ? mask_row(a.mask, qpos[rr], qhead[rr]) : MaskRow{};
 
-    copy_wait<2>();  // Q (the oldest group; the two tiles of the prologue may still be in flight)
-    __syncthreads();
+    if constexpr (use_wgmma) {
+        if (tid == 0) {
+            for (int st = 0; st < S::STAGES; ++st) {
+                mbar_init(full_bar + st, kPrefillThreadsWS - kPrefillThreads);  // every producer thread
+                mbar_init(empty_bar + st, kPrefillThreads);                     // every compute thread
+            }
+        }
+        copy_wait<0>();              // Q
+        fence_proxy_async_shared();  // Q, before wgmma reads it
+        __syncthreads();             // Q and the initialized barriers, for all three warpgroups
+    } else {
+        copy_wait<2>();  // Q (the oldest group; the two tiles of the prologue may still be in flight)
+        sync_compute();
+    }
     // mma.sync: Q's A fragments in registers for the whole block. wgmma reads Q from shared memory
     // (A through a descriptor): no registers held across the key loop (ptxas 13.0 was seen to reuse
     // the registers of a wgmma A operand inside the loop, so A from registers is only used for P).
@@ -630,11 +711,10 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_mma_kernel(const P
 
     // The mask and the online softmax of the tile in `stage`: s becomes P (fp32), the row sums are
     // rescaled to the new row maxima, and p_scale gets the factor for O (applied by the caller).
-    auto softmax = [&](float (&s)[8][4], int stage, float (&p_scale)[2]) {
+    auto softmax = [&](float (&s)[8][4], int stage, int kind, int last, float (&p_scale)[2]) {
         // Mask: kFull tiles none; kCausal tiles only when their last key lies after the block's first row.
-        const int kind = kind_q[stage];
         const int* kp = skpos + stage * S::BN;
-        const bool need_mask = kind == kSegGeneral || kind == kSegTail || (kind == kSegCausal && last_q[stage] > min_pos);
+        const bool need_mask = kind == kSegGeneral || kind == kSegTail || (kind == kSegCausal && last > min_pos);
         if (need_mask) {
             const int* ki = skimg + stage * S::BN;
             const int* ks_ = sksink + stage * S::BN;
@@ -681,6 +761,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_mma_kernel(const P
         }
     };
     auto rescale_o = [&](const float (&p_scale)[2]) {
+        if (p_scale[0] == 1.0f && p_scale[1] == 1.0f) return;  // neither row's maximum moved (the usual case)
 #pragma unroll
         for (int j = 0; j < S::DT; ++j) {
             o[j][0] *= p_scale[0];
@@ -732,58 +813,151 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_mma_kernel(const P
         }
     };
 
-    // The key loop. Step t waits for tile t (at most one younger copy group pending), and its barrier
-    // tells that every warp is done with step t - 1; then tile t + 2 is issued into stage (t + 2) % STAGES.
-    //   - mma.sync (3 stages): S_t, softmax, O += P_t V_t, all within step t (stage t - 1 is free).
-    //   - wgmma (4 stages), FlashAttention-3's ordering within a warpgroup: issue S_t = Q K_t^T, issue
-    //     O += P_{t-1} V_{t-1}, wait for S_t, softmax of S_t on the other units while P V runs on the
-    //     tensor cores, wait, rescale O, keep P_t for step t + 1. V_{t-1} is read in step t, so its stage
-    //     is reused only at step t + 1 (stage (t + 2) % 4 held tile t - 2). The accumulators are touched
-    //     only when no wgmma is in flight (ptxas would otherwise serialize the pipeline).
     float s[8][4];
     unsigned pa[4][4];
     float p_scale[2];
-    int pstage = -1;  // wgmma: the stage of the tile whose P waits in pa for its P V
-    for (int t = 0; t < n_issued; ++t) {
-        const int stage = t % S::STAGES;
-        copy_wait<1>();
-        if constexpr (use_wgmma) fence_proxy_async_shared();  // this thread's copies, before wgmma reads them
-        __syncthreads();
-        if (ld.valid) {
-            issue((t + 2) % S::STAGES);
-            ++n_issued;
+    if constexpr (use_wgmma) {
+        // Warp specialization. The producer warpgroup (warps 8-11) copies tile i into stage i % STAGES
+        // once the compute warps have released the tile that was there (empty barrier), waits for its own
+        // copies of tile i - 1, fences them for the tensor cores and signals that stage full. Each compute
+        // warpgroup then runs on its own (no block barrier in the loop), FlashAttention-3's ordering
+        // inside it: issue S_t = Q K_t^T, issue O += P_{t-1} V_{t-1}, wait for S_t, softmax of S_t while
+        // P V runs, wait, release tile t - 1 (its V was the last use), rescale O, keep P_t. The two compute
+        // warpgroups drift apart, so one's softmax overlaps the other's matrix products.
+        if (warp >= kPrefillThreads / 32) {
+            set_max_regs_dec<kPrefillProducerRegs>();
+            constexpr int PT = kPrefillThreadsWS - kPrefillThreads;  // producer threads
+            constexpr int PRPP = PT / S::CPR;                       // rows per copy pass
+            constexpr int PKPT = S::BN / PRPP;                      // rows per thread per tile
+            const int ptid = tid - kPrefillThreads, c = ptid % S::CPR;
+            // Token-sparse keys: the list entries of the next tile, loaded while this one is copied.
+            int ppos[PKPT], plast = 0;
+            auto pfetch = [&]() {
+                if (!klist || !ld.valid) return;
+#pragma unroll
+                for (int j = 0; j < PKPT; ++j) {
+                    const int e = ld.tile + ptid / S::CPR + j * PRPP;
+                    ppos[j] = e < ld.hi ? __ldg(klist + e) : -1;
+                }
+                plast = __ldg(klist + min(ld.tile + S::BN, ld.hi) - 1);
+            };
+            pfetch();
+            // Up to kDepth + 1 tiles in flight: tile i - kDepth is signalled after tile i is issued.
+            // (kDepth <= STAGES - 3: signalling tile i - kDepth must not wait for a stage that the compute
+            // warps release only after they have used tile i - kDepth; 3 in flight with 5 stages was 30% slower.)
+            constexpr int kDepth = 2;
+            int i = 0;
+            while (ld.valid) {
+                const int st = i % S::STAGES;
+                if (i >= S::STAGES) mbar_wait(empty_bar + st, static_cast<unsigned>((i / S::STAGES - 1) & 1));
+                const bool short_tile = ld.tile + S::BN > ld.hi;
+                T* sk = skv + st * 2 * S::TILE;
+                T* sv = sk + S::TILE;
+#pragma unroll
+                for (int j = 0; j < PKPT; ++j) {
+                    const int r = ptid / S::CPR + j * PRPP;
+                    const int e = ld.tile + r;
+                    const bool ok = e < ld.hi;
+                    const int pos = ok ? (klist ? ppos[j] : e) : -1;
+                    const std::int64_t p = pos < 0 ? 0 : pos;
+                    copy16_async(sk + S::swz_kv(r, c), kbase + p * a.k_s0 + c * 8, ok);
+                    copy16_async(sv + S::swz_kv(r, c), vbase + p * a.v_s0 + c * 8, ok);
+                    if (c == 0) {
+                        skpos[st * S::BN + r] = pos;
+                        if (masked && ld.kind == kSegGeneral) {
+                            skimg[st * S::BN + r] = pos < 0 ? -1 : __ldg(a.mask.token_image + pos);
+                            sksink[st * S::BN + r] = pos < 0 ? 0 : __ldg(a.mask.token_sink + pos);
+                        }
+                    }
+                }
+                if (ptid == 0) {
+                    const int last_e = min(ld.tile + S::BN, ld.hi) - 1;
+                    smeta[2 * st] = short_tile && ld.kind == kSegFull ? kSegTail : ld.kind;
+                    smeta[2 * st + 1] = short_tile ? INT_MAX : (klist ? plast : last_e);
+                }
+                copy_commit();
+                ld.next(segs);
+                pfetch();
+                if (i >= kDepth) {  // tile i - kDepth is complete: fence it for wgmma, signal its stage
+                    copy_wait<kDepth>();
+                    fence_proxy_async_shared();
+                    mbar_arrive(full_bar + (i - kDepth) % S::STAGES);
+                }
+                ++i;
+            }
+            copy_wait<0>();
+            fence_proxy_async_shared();
+            for (int k = max(0, i - kDepth); k < i; ++k) mbar_arrive(full_bar + k % S::STAGES);
+            return;
         }
-        copy_commit();
-        if constexpr (use_wgmma) {
+        set_max_regs_inc<kPrefillConsumerRegs>();
+        // The number of tiles (the producer's cursor, counted).
+        int n_tiles = 0;
+        for (int sg = seg_begin; sg < seg_end; ++sg) {
+            const PrefillSegment sgm = segs[sg];
+            if (sgm.hi > sgm.lo) n_tiles += (sgm.hi - sgm.lo + S::BN - 1) / S::BN;
+        }
+        int pstage = -1;
+        // Ping-pong: the two warpgroups take turns issuing their matrix products (named barriers 2 and 3),
+        // so that one's softmax runs while the other's products occupy the tensor cores. Warpgroup 0 goes
+        // first; warpgroup 1 skips its last hand-over so that every barrier sees as many arrivals as waits.
+        const int wg = warp >> 2;
+        if (wg == 1 && n_tiles > 0) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+        for (int t = 0; t < n_tiles; ++t) {
+            const int stage = t % S::STAGES;
+            mbar_wait(full_bar + stage, static_cast<unsigned>((t / S::STAGES) & 1));
+            if (wg == 0) asm volatile("bar.sync 2, 256;\n" ::: "memory");  // my turn
+            else asm volatile("bar.sync 3, 256;\n" ::: "memory");
             qk(s, stage);
+            if (pstage >= 0) pv(pa, pstage);
             if (pstage >= 0) {
-                pv(pa, pstage);
                 wgmma_wait<1>();  // S_t done; P V may still run
             } else {
                 wgmma_wait<0>();
             }
+            // The other warpgroup's turn, once S_t is done (the hand-over between the issue and the wait
+            // made ptxas serialize the wgmma pipeline).
+            if (wg == 0 || t + 1 < n_tiles) {
+                if (wg == 0) asm volatile("bar.arrive 3, 256;\n");
+                else asm volatile("bar.arrive 2, 256;\n");
+            }
             wgmma_reg_fence(reinterpret_cast<float(&)[32]>(s));
-            softmax(s, stage, p_scale);
+            softmax(s, stage, smeta[2 * stage], smeta[2 * stage + 1], p_scale);
             wgmma_wait<0>();
             wgmma_reg_fence(reinterpret_cast<float(&)[S::DT * 4]>(o));
             wgmma_reg_fence_u(pa);
+            // Tile t - 1: K, V and positions all read. Every thread arrives for its own reads (one arrival
+            // per warp after __syncwarp is also correct, but compute-sanitizer's racecheck does not see
+            // that ordering and reports the producer's next writes into the stage).
+            if (pstage >= 0) mbar_arrive(empty_bar + pstage);
             rescale_o(p_scale);
             pack_p(s, pa);
             pstage = stage;
-        } else {
-            qk(s, stage);
-            softmax(s, stage, p_scale);
-            rescale_o(p_scale);
-            pack_p(s, pa);
-            pv(pa, stage);
         }
-    }
-    if constexpr (use_wgmma) {
         if (pstage >= 0) {
             pv(pa, pstage);
             wgmma_wait<0>();
             wgmma_reg_fence(reinterpret_cast<float(&)[S::DT * 4]>(o));
             wgmma_reg_fence_u(pa);
+        }
+    } else {
+        // mma.sync: step t waits for tile t (at most one younger copy group pending), and its barrier tells
+        // that every warp is done with step t - 1; then tile t + 2 is issued into the stage of tile t - 1,
+        // then S_t, softmax, O += P_t V_t.
+        for (int t = 0; t < n_issued; ++t) {
+            const int stage = t % S::STAGES;
+            copy_wait<1>();
+            sync_compute();
+            if (ld.valid) {
+                issue((t + 2) % S::STAGES);
+                ++n_issued;
+            }
+            copy_commit();
+            qk(s, stage);
+            softmax(s, stage, kind_q[stage], last_q[stage], p_scale);
+            rescale_o(p_scale);
+            pack_p(s, pa);
+            pv(pa, stage);
         }
     }
     copy_wait<0>();
