@@ -26,6 +26,8 @@
 #include <vlsparse/kv/kv_batch.hpp>
 #include <vlsparse/reference/kv_batch.hpp>
 
+#include "../error_of.hpp"
+
 using namespace vlsparse;
 using Catch::Matchers::Contains;
 
@@ -36,15 +38,7 @@ std::uint64_t base_seed() {
     return s ? std::strtoull(s, nullptr, 10) : 20261124u;
 }
 
-template <class F>
-std::string error_of(F&& f) {
-    try {
-        f();
-    } catch (const vlsparse::error& e) {
-        return e.what();
-    }
-    return "";
-}
+using vt::error_of;
 
 template <class T>
 void copy_to_device(T* dst, const std::vector<T>& src) {

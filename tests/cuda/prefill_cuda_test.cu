@@ -373,7 +373,7 @@ TEST_CASE("cuda prefill: block-sparse masks against the reference", "[cuda][pref
                 for (Fill f : {Fill::uniform, Fill::random}) {
                     run_masked<bfloat16>(ctx, std::vector<MaskTemplate>(8, MaskTemplate::dense), 2, 128, f, ++seed, what);
                     const auto mixed = mixed_heads(4, ++seed);
-                run_masked<vlsparse::half>(ctx, mixed, 4, 64, f, ++seed, what + ", mixed templates");
+                    run_masked<vlsparse::half>(ctx, mixed, 4, 64, f, ++seed, what + ", mixed templates");
                 }
             }
     }
