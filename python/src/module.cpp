@@ -1,0 +1,623 @@
+// python/src/module.cpp -- the Python module `vlsparse` (pybind11): the algorithms of the library on
+// numpy arrays, once per backend (vlsparse.reference: the exact scalar reference; vlsparse.simd: the
+// SIMD path), with the same names and arguments. vlsparse.golden and vlsparse.sim are in sim.cpp.
+//
+// Arrays: float32, float16 or uint16 (bfloat16 bits, the golden files' convention); all inputs of one
+// call share one element type; read in place through their strides (a copy only for negative strides
+// or strides that are not a multiple of the element size). Outputs are new float32 (attention) or
+// float64 (scores) arrays. Params: dicts with the keys of the C++ Params' JSON form (io/*_json.hpp);
+// missing keys keep their defaults, unknown keys are an error. docs/python.md describes it all.
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+
+#include "vlsparse/attention/decode.hpp"
+#include "vlsparse/io/blindsight_json.hpp"
+#include "vlsparse/io/params_json.hpp"
+#include "vlsparse/io/purekv_json.hpp"
+#include "vlsparse/kv/kv_cache.hpp"
+#include "vlsparse/masks/block_mask.hpp"
+#include "vlsparse/masks/templates.hpp"
+#include "vlsparse/policies/avl.hpp"
+#include "vlsparse/policies/baselines.hpp"
+#include "vlsparse/policies/blindsight.hpp"
+#include "vlsparse/policies/purekv.hpp"
+#include "vlsparse/policies/zipvl.hpp"
+#include "vlsparse/reference/avl.hpp"
+#include "vlsparse/reference/avl_golden.hpp"
+#include "vlsparse/reference/baselines.hpp"
+#include "vlsparse/reference/baselines_golden.hpp"
+#include "vlsparse/reference/blindsight.hpp"
+#include "vlsparse/reference/purekv.hpp"
+#include "vlsparse/reference/zipvl.hpp"
+
+namespace vlsparse::python {
+
+namespace {
+
+using namespace pybind11::literals;
+
+// ---- the two backends, one static function per operation ------------------------------------
+
+struct ReferenceBackend {
+    static constexpr const char* name = "reference";
+    template <class... A> static void dense(A&&... a) { reference::dense_attention(std::forward<A>(a)...); }
+    template <class... A> static void sparse(A&&... a) { reference::sparse_attention(std::forward<A>(a)...); }
+    template <class... A> static void decode(A&&... a) { reference::decode_attention(std::forward<A>(a)...); }
+    template <class... A> static auto zipvl_select(A&&... a) { return reference::zipvl_select(std::forward<A>(a)...); }
+    template <class... A> static void zipvl_prefill(A&&... a) { reference::zipvl_prefill(std::forward<A>(a)...); }
+    template <class... A> static auto avl_scores(A&&... a) { return reference::avl_scores(std::forward<A>(a)...); }
+    template <class... A> static auto avl_h2o_scores(A&&... a) { return reference::avl_h2o_scores(std::forward<A>(a)...); }
+    template <class... A> static auto avl_decode_step(A&&... a) { return reference::avl_decode_step(std::forward<A>(a)...); }
+    template <class... A> static auto purekv_window_scores(A&&... a) { return reference::purekv_window_scores(std::forward<A>(a)...); }
+    template <class... A> static auto purekv_select(A&&... a) { return reference::purekv_select(std::forward<A>(a)...); }
+    template <class... A> static void purekv_st_attention(A&&... a) { reference::purekv_st_attention(std::forward<A>(a)...); }
+    template <class TQ, class TK>
+    static void masked(View3<const TQ> q, View3<const TK> k, View3<const TK> v, const MaskContext& ctx,
+                       const std::vector<MaskTemplate>& heads, View3<float> out, const AttentionOptions& opt) {
+        reference::masked_attention(q, k, v, ctx, std::span<const MaskTemplate>(heads), out, opt);
+    }
+    template <class... A> static auto characterize(A&&... a) { return reference::characterize_prompt(std::forward<A>(a)...); }
+    template <class... A> static auto h2o_scores(A&&... a) { return reference::h2o_scores(std::forward<A>(a)...); }
+    template <class... A> static auto h2o_select(A&&... a) { return reference::h2o_select(std::forward<A>(a)...); }
+    template <class... A> static auto snapkv_window_scores(A&&... a) { return reference::snapkv_window_scores(std::forward<A>(a)...); }
+    template <class... A> static auto snapkv_select(A&&... a) { return reference::snapkv_select(std::forward<A>(a)...); }
+    template <class... A> static auto fastv_scores(A&&... a) { return reference::fastv_scores(std::forward<A>(a)...); }
+    template <class... A> static auto fastv_select(A&&... a) { return reference::fastv_select(std::forward<A>(a)...); }
+};
+
+struct SimdBackend {
+    static constexpr const char* name = "simd";
+    template <class... A> static void dense(A&&... a) { simd::dense_attention(std::forward<A>(a)...); }
+    template <class... A> static void sparse(A&&... a) { simd::sparse_attention(std::forward<A>(a)...); }
+    template <class... A> static void decode(A&&... a) { simd::decode_attention(std::forward<A>(a)...); }
+    template <class... A> static auto zipvl_select(A&&... a) { return simd::zipvl_select(std::forward<A>(a)...); }
+    template <class... A> static void zipvl_prefill(A&&... a) { simd::zipvl_prefill(std::forward<A>(a)...); }
+    template <class... A> static auto avl_scores(A&&... a) { return simd::avl_scores(std::forward<A>(a)...); }
+    template <class... A> static auto avl_h2o_scores(A&&... a) { return simd::avl_h2o_scores(std::forward<A>(a)...); }
+    template <class... A> static auto avl_decode_step(A&&... a) { return simd::avl_decode_step(std::forward<A>(a)...); }
+    template <class... A> static auto purekv_window_scores(A&&... a) { return simd::purekv_window_scores(std::forward<A>(a)...); }
+    template <class... A> static auto purekv_select(A&&... a) { return simd::purekv_select(std::forward<A>(a)...); }
+    template <class... A> static void purekv_st_attention(A&&... a) { simd::purekv_st_attention(std::forward<A>(a)...); }
+    template <class TQ, class TK>
+    static void masked(View3<const TQ> q, View3<const TK> k, View3<const TK> v, const MaskContext& ctx,
+                       const std::vector<MaskTemplate>& heads, View3<float> out, const AttentionOptions& opt) {
+        simd::masked_attention(q, k, v, make_block_mask(ctx, std::span<const MaskTemplate>(heads)), out, opt);
+    }
+    template <class... A> static auto characterize(A&&... a) { return simd::characterize_prompt(std::forward<A>(a)...); }
+    template <class... A> static auto h2o_scores(A&&... a) { return simd::h2o_scores(std::forward<A>(a)...); }
+    template <class... A> static auto h2o_select(A&&... a) { return simd::h2o_select(std::forward<A>(a)...); }
+    template <class... A> static auto snapkv_window_scores(A&&... a) { return simd::snapkv_window_scores(std::forward<A>(a)...); }
+    template <class... A> static auto snapkv_select(A&&... a) { return simd::snapkv_select(std::forward<A>(a)...); }
+    template <class... A> static auto fastv_scores(A&&... a) { return simd::fastv_scores(std::forward<A>(a)...); }
+    template <class... A> static auto fastv_select(A&&... a) { return simd::fastv_select(std::forward<A>(a)...); }
+};
+
+// ---- helpers ----------------------------------------------------------------------------------
+
+template <class T> using V3 = View3<const T>;
+template <class T> using V2 = View2<const T>;
+
+py::array_t<float> new_f32(std::initializer_list<py::ssize_t> shape) { return py::array_t<float>(std::vector<py::ssize_t>(shape)); }
+
+// A new float32 array of q's shape (the output of an attention), after checking q's rank.
+py::array_t<float> new_like(const py::array& q, int rank, const char* fn) {
+    detail::require(q.ndim() == rank, fn, "q has ", q.ndim(), " dimensions, expected ", rank);
+    return py::array_t<float>(std::vector<py::ssize_t>(q.shape(), q.shape() + rank));
+}
+
+View3<float> out3(py::array_t<float>& a) { return View3<float>(a.mutable_data(), {a.shape(0), a.shape(1), a.shape(2)}); }
+View2<float> out2(py::array_t<float>& a) { return View2<float>(a.mutable_data(), {a.shape(0), a.shape(1)}); }
+
+AttentionOptions attention_options(float scale, bool check_finite) { return AttentionOptions{scale, check_finite}; }
+
+// Enum values by their JSON names (the Params' enums).
+UnselectedRows unselected_arg(const std::string& s, const char* fn) {
+    if (s == "zero") return UnselectedRows::zero;
+    if (s == "attend_selected") return UnselectedRows::attend_selected;
+    throw error(fn, "unselected = '" + s + "', expected 'zero' or 'attend_selected'");
+}
+BaselineGroups groups_arg(const std::string& s, const char* fn) {
+    if (s == "kv_head") return BaselineGroups::kv_head;
+    if (s == "layer") return BaselineGroups::layer;
+    throw error(fn, "groups = '" + s + "', expected 'kv_head' or 'layer'");
+}
+AvlTextGroups text_groups_arg(const std::string& s, const char* fn) {
+    if (s == "per_kv_head") return AvlTextGroups::per_kv_head;
+    if (s == "per_query_head") return AvlTextGroups::per_query_head;
+    throw error(fn, "groups = '" + s + "', expected 'per_kv_head' or 'per_query_head'");
+}
+
+ZipVLParams zipvl_params(const py::object& p) { return zipvl_params_from_json(to_json(p), "params."); }
+PureKVParams purekv_params(const py::object& p) { return purekv_params_from_json(to_json(p), "params."); }
+BlindSightParams blindsight_params(const py::object& p) { return blindsight_params_from_json(to_json(p), "params."); }
+AvlParams avl_params(const py::object& p) { return ::vlsparse::avl_params_from_json(to_json(p), "params."); }
+
+py::array_t<std::uint8_t> selection_mask(const TokenSelection& s) {
+    const auto G = static_cast<py::ssize_t>(s.indices.size());
+    py::array_t<std::uint8_t> m({G, static_cast<py::ssize_t>(s.n)});
+    std::fill(m.mutable_data(), m.mutable_data() + m.size(), std::uint8_t{0});
+    for (py::ssize_t g = 0; g < G; ++g)
+        for (auto j : s.indices[static_cast<std::size_t>(g)]) m.mutable_data()[g * s.n + j] = 1;
+    return m;
+}
+
+// The KV cache of one layer built from K/V [m, H_kv, d] (positions 0 .. m-1), as an engine holds it.
+template <class T>
+KvCache<T> cache_from(V3<T> k, V3<T> v) {
+    KvCache<T> c(k.shape[1], k.shape[2]);
+    c.assign(k, v);
+    return c;
+}
+
+template <class T>
+py::list cache_contents(const KvCache<T>& c) {
+    py::list heads;
+    for (std::int64_t g = 0; g < c.n_kv_heads(); ++g) {
+        const auto pos = c.positions(g);
+        const auto rows = static_cast<py::ssize_t>(pos.size()), d = static_cast<py::ssize_t>(c.head_dim());
+        py::dtype dt = std::is_same_v<T, float> ? py::dtype("float32") : std::is_same_v<T, half> ? py::dtype("float16") : py::dtype("uint16");
+        py::array kk(dt, {rows, d}), vv(dt, {rows, d});
+        std::copy_n(reinterpret_cast<const char*>(c.k(g).data), rows * d * sizeof(T), static_cast<char*>(kk.mutable_data()));
+        std::copy_n(reinterpret_cast<const char*>(c.v(g).data), rows * d * sizeof(T), static_cast<char*>(vv.mutable_data()));
+        heads.append(py::dict("positions"_a = to_array(std::vector<std::int64_t>(pos.begin(), pos.end())), "k"_a = kk, "v"_a = vv));
+    }
+    return heads;
+}
+
+// ---- one backend's functions ------------------------------------------------------------------
+
+template <class B>
+void bind_backend(py::module_& m) {
+    const std::string pre = std::string(B::name) + ".";
+
+    m.def("dense_attention", [](py::array q, py::array k, py::array v, float scale, bool check_finite) {
+        const Inputs in = inputs("dense_attention", {{"q", q}, {"k", k}, {"v", v}});
+        auto out = new_like(q, 3, "dense_attention");
+        dispatch(in.dtype, [&](auto tag) {
+            using T = typename decltype(tag)::type;
+            const auto Q = view<T, 3>(in.arrays[0], "dense_attention", "q"), K = view<T, 3>(in.arrays[1], "dense_attention", "k"),
+                       Vv = view<T, 3>(in.arrays[2], "dense_attention", "v");
+            py::gil_scoped_release nogil;
+            B::dense(Q, K, Vv, out3(out), attention_options(scale, check_finite));
+        });
+        return out;
+    }, "q"_a, "k"_a, "v"_a, py::kw_only(), "scale"_a = 0.0f, "check_finite"_a = true,
+       "Causal dense attention. q [n, H, d], k, v [n, H_kv, d] -> out [n, H, d] float32.");
+
+    m.def("sparse_attention", [](py::array q, py::array k, py::array v, const TokenSelection& sel, const std::string& unselected,
+                                 float scale, bool check_finite) {
+        const Inputs in = inputs("sparse_attention", {{"q", q}, {"k", k}, {"v", v}});
+        auto out = new_like(q, 3, "sparse_attention");
+        const UnselectedRows u = unselected_arg(unselected, "sparse_attention");
+        dispatch(in.dtype, [&](auto tag) {
+            using T = typename decltype(tag)::type;
+            const auto Q = view<T, 3>(in.arrays[0], "sparse_attention", "q"), K = view<T, 3>(in.arrays[1], "sparse_attention", "k"),
+                       Vv = view<T, 3>(in.arrays[2], "sparse_attention", "v");
+            py::gil_scoped_release nogil;
+            B::sparse(Q, K, Vv, sel, out3(out), u, attention_options(scale, check_finite));
+        });
+        return out;
+    }, "q"_a, "k"_a, "v"_a, "selection"_a, py::kw_only(), "unselected"_a = "zero", "scale"_a = 0.0f, "check_finite"_a = true,
+       "Token-sparse causal attention over a TokenSelection -> out [n, H, d] float32.");
+
+    m.def("decode_attention", [](py::array q, py::array k, py::array v, float scale, bool check_finite) {
+        const Inputs in = inputs("decode_attention", {{"q", q}, {"k", k}, {"v", v}});
+        auto out = new_like(q, 2, "decode_attention");
+        dispatch(in.dtype, [&](auto tag) {
+            using T = typename decltype(tag)::type;
+            const auto Q = view<T, 2>(in.arrays[0], "decode_attention", "q");
+            const auto K = view<T, 3>(in.arrays[1], "decode_attention", "k"), Vv = view<T, 3>(in.arrays[2], "decode_attention", "v");
+            py::gil_scoped_release nogil;
+            const KvCache<T> cache = cache_from(K, Vv);
+            B::decode(Q, cache, out2(out), attention_options(scale, check_finite));
+        });
+        return out;
+    }, "q"_a, "k"_a, "v"_a, py::kw_only(), "scale"_a = 0.0f, "check_finite"_a = true,
+       "One decode step: q [H, d] (the newest token) attends to every cached row, k, v [m, H_kv, d] (its own "
+       "K/V included, positions 0 .. m-1) -> out [H, d] float32.");
+
+    // ---- ZipVL
+    m.def("zipvl_select", [](py::array q, py::array k, py::object layout, std::int64_t layer, py::object params,
+                             std::optional<std::vector<std::int64_t>> probes) {
+        const Inputs in = inputs("zipvl_select", {{"q", q}, {"k", k}});
+        const ZipVLParams P = zipvl_params(params);
+        const Layout L = layout_arg(layout, q);
+        const std::vector<std::int64_t> pr = probes.value_or(std::vector<std::int64_t>{});
+        return dispatch(in.dtype, [&](auto tag) {
+            using T = typename decltype(tag)::type;
+            const auto Q = view<T, 3>(in.arrays[0], "zipvl_select", "q"), K = view<T, 3>(in.arrays[1], "zipvl_select", "k");
+            py::gil_scoped_release nogil;
+            return B::zipvl_select(Q, K, L, layer, P, std::span<const std::int64_t>(pr));
+        });
+    }, "q"_a, "k"_a, "layout"_a = py::none(), "layer"_a = 0, "params"_a = py::none(), "probes"_a = py::none(),
+       "ZipVL's selection of one layer (probes, scores, p, kept sets) -> ZipVLSelection.");
+
+    m.def("zipvl_prefill", [](py::array q, py::array k, py::array v, const ZipVLSelection& s, py::object params) {
+        const Inputs in = inputs("zipvl_prefill", {{"q", q}, {"k", k}, {"v", v}});
+        const ZipVLParams P = zipvl_params(params);
+        auto out = new_like(q, 3, "zipvl_prefill");
+        dispatch(in.dtype, [&](auto tag) {
+            using T = typename decltype(tag)::type;
+            const auto Q = view<T, 3>(in.arrays[0], "zipvl_prefill", "q"), K = view<T, 3>(in.arrays[1], "zipvl_prefill", "k"),
+                       Vv = view<T, 3>(in.arrays[2], "zipvl_prefill", "v");
+            py::gil_scoped_release nogil;
+            B::zipvl_prefill(Q, K, Vv, s, out3(out), P);
+        });
+        return out;
+    }, "q"_a, "k"_a, "v"_a, "selection"_a, "params"_a = py::none(),
+       "ZipVL's token-sparse prefill (Algorithm 1) -> out [n, H, d] float32.");
+
+    // KV eviction has one implementation (vlsparse::zipvl_evict); here for symmetry.
+    m.def("zipvl_evict", [](py::array k, py::array v, const ZipVLSelection& s) {
+        const Inputs in = inputs("zipvl_evict", {{"k", k}, {"v", v}});
+        return dispatch(in.dtype, [&](auto tag) {
+            using T = typename decltype(tag)::type;
+            KvCache<T> cache = cache_from(view<T, 3>(in.arrays[0], "zipvl_evict", "k"), view<T, 3>(in.arrays[1], "zipvl_evict", "v"));
+            zipvl_evict(cache, s);
+            return cache_contents(cache);
+        });
+    }, "k"_a, "v"_a, "selection"_a,
+       "The KV cache after ZipVL's eviction: per KV head a dict positions [rows] int64, k, v [rows, d] (input dtype).");
+
+    // ---- A-VL
+    m.def("avl_scores", [](py::array q, py::array k, float scale, bool check_finite) {
+        const Inputs in = inputs("avl_scores", {{"q", q}, {"k", k}});
+        return to_array(dispatch(in.dtype, [&](auto tag) {
+            using T = typename decltype(tag)::type;
+            const auto Q = view<T, 3>(in.arrays[0], "avl_scores", "q"), K = view<T, 3>(in.arrays[1], "avl_scores", "k");
+            py::gil_scoped_release nogil;
+            return B::avl_scores(Q, K, attention_options(scale, check_finite));
+        }));
+    }, "q"_a, "k"_a, py::kw_only(), "scale"_a = 0.0f, "check_finite"_a = true,
+       "A-VL's score of every key: the last query row's attention averaged over the query heads -> [n_k] float64.");
+
+    m.def("avl_h2o_scores", [](py::array q, py::array k, const std::string& groups, float scale, bool check_finite) {
+        const Inputs in = inputs("avl_h2o_scores", {{"q", q}, {"k", k}});
+        const AvlTextGroups g = text_groups_arg(groups, "avl_h2o_scores");
+        return to_array(dispatch(in.dtype, [&](auto tag) {
+            using T = typename decltype(tag)::type;
+            const auto Q = view<T, 3>(in.arrays[0], "avl_h2o_scores", "q"), K = view<T, 3>(in.arrays[1], "avl_h2o_scores", "k");
+            py::gil_scoped_release nogil;
+            return B::avl_h2o_scores(Q, K, g, attention_options(scale, check_finite));
+        }));
+    }, "q"_a, "k"_a, "groups"_a = "per_kv_head", py::kw_only(), "scale"_a = 0.0f, "check_finite"_a = true,
+       "H2O's accumulated attention over the causal prefill -> [G, n_k] float64.");
+
+    m.def("avl_prefill_select", [](py::array q, py::array k, py::object layout, py::object params) {
+        const Inputs in = inputs("avl_prefill_select", {{"q", q}, {"k", k}});
+        const AvlParams P = avl_params(params);
+        const Layout L = layout_arg(layout, k);
+        return dispatch(in.dtype, [&](auto tag) {
+            using T = typename decltype(tag)::type;
+            const auto Q = view<T, 3>(in.arrays[0], "avl_prefill_select", "q"), K = view<T, 3>(in.arrays[1], "avl_prefill_select", "k");
+            py::gil_scoped_release nogil;
+            const std::vector<double> scores = B::avl_scores(Q, K, AttentionOptions{});
+            std::vector<std::vector<std::int64_t>> text;
+            if (P.text_rate > 0.0) {
+                const std::int64_t group = P.text_groups == AvlTextGroups::per_kv_head ? 1 : Q.shape[1] / K.shape[1];
+                text = avl_text_h2o(B::avl_h2o_scores(Q, K, P.text_groups, AttentionOptions{}), L, P, group);
+            }
+            return avl_select(scores, L, P, {}, text);
+        });
+    }, "q"_a, "k"_a, "layout"_a = py::none(), "params"_a = py::none(),
+       "A-VL after prefill: scores, H2O's text choice when text_rate > 0, kept and core sets -> AvlSelection.");
+
+    m.def("avl_decode", [](const AvlSelection& sel, py::array k, py::array v, py::array dq, py::array dk, py::array dv,
+                           py::object params, float scale, bool check_finite) {
+        const Inputs in = inputs("avl_decode", {{"k", k}, {"v", v}, {"decode_q", dq}, {"decode_k", dk}, {"decode_v", dv}});
+        const AvlParams P = avl_params(params);
+        const py::ssize_t S = dq.ndim() == 3 ? dq.shape(0) : 0, H = dq.ndim() == 3 ? dq.shape(1) : 0,
+                          d = dq.ndim() == 3 ? dq.shape(2) : 0;
+        auto out = new_f32({S, H, d});
+        const std::int64_t n = sel.n;
+        const auto G = static_cast<std::int64_t>(sel.kept.groups());
+        py::array_t<std::uint8_t> core({S, static_cast<py::ssize_t>(n)}), read({S, static_cast<py::ssize_t>(G), static_cast<py::ssize_t>(n + S)}),
+            refresh(S);
+        std::fill_n(core.mutable_data(), core.size(), 0);
+        std::fill_n(read.mutable_data(), read.size(), 0);
+        std::fill_n(refresh.mutable_data(), refresh.size(), 0);
+        dispatch(in.dtype, [&](auto tag) {
+            using T = typename decltype(tag)::type;
+            const char* fn = "avl_decode";
+            const auto K = view<T, 3>(in.arrays[0], fn, "k"), Vv = view<T, 3>(in.arrays[1], fn, "v");
+            const auto DQ = view<T, 3>(in.arrays[2], fn, "decode_q"), DK = view<T, 3>(in.arrays[3], fn, "decode_k"),
+                       DV = view<T, 3>(in.arrays[4], fn, "decode_v");
+            detail::require(K.shape[0] == n, fn, "k has ", K.shape[0], " rows, the selection covers n = ", n, "; expected equal");
+            detail::require(DK.shape[0] == S && DV.shape[0] == S, fn, "decode_k and decode_v need ", S, " steps like decode_q");
+            py::gil_scoped_release nogil;
+            KvCache<T> cache = cache_from(K, Vv);
+            cache.keep(sel.kept);
+            DecodeSchedule sch(sel, P);
+            auto* om = out.mutable_data();
+            for (std::int64_t t = 0; t < S; ++t) {
+                cache.append(View2<const T>(DK.row(t, 0), {DK.shape[1], DK.shape[2]}, {DK.stride[1], DK.stride[2]}),
+                             View2<const T>(DV.row(t, 0), {DV.shape[1], DV.shape[2]}, {DV.stride[1], DV.stride[2]}));
+                const AvlStep st = B::avl_decode_step(View2<const T>(DQ.row(t, 0), {H, d}, {DQ.stride[1], DQ.stride[2]}), cache, sch, t,
+                                                      View2<float>(om + t * H * d, {H, d}), attention_options(scale, check_finite));
+                for (auto p : sch.core()) core.mutable_data()[t * n + p] = 1;
+                for (std::int64_t g = 0; g < G; ++g)
+                    for (auto p : st.read.indices[static_cast<std::size_t>(g)]) read.mutable_data()[(t * G + g) * (n + S) + p] = 1;
+                refresh.mutable_data()[t] = st.refresh ? 1 : 0;
+            }
+        });
+        return py::dict("out"_a = out, "core_mask"_a = core, "read_mask"_a = read, "refresh"_a = refresh);
+    }, "selection"_a, "k"_a, "v"_a, "decode_q"_a, "decode_k"_a, "decode_v"_a, "params"_a = py::none(), py::kw_only(),
+       "scale"_a = 0.0f, "check_finite"_a = true,
+       "A-VL's decode: the prefill cache k, v [n, H_kv, d] keeps the selection, then S steps (decode_q [S, H, d], "
+       "decode_k, decode_v [S, H_kv, d]) by the schedule -> dict out [S, H, d], core_mask [S, n], read_mask "
+       "[S, G, n + S], refresh [S].");
+
+    // ---- PureKV
+    m.def("purekv_window_scores", [](py::array q, py::array k, std::int64_t layer, py::object params) {
+        const Inputs in = inputs("purekv_window_scores", {{"q", q}, {"k", k}});
+        const PureKVParams P = purekv_params(params);
+        return dispatch(in.dtype, [&](auto tag) {
+            using T = typename decltype(tag)::type;
+            const auto Q = view<T, 3>(in.arrays[0], "purekv_window_scores", "q"), K = view<T, 3>(in.arrays[1], "purekv_window_scores", "k");
+            py::gil_scoped_release nogil;
+            return B::purekv_window_scores(Q, K, layer, P);
+        });
+    }, "q"_a, "k"_a, "layer"_a, "params"_a = py::none(), "PureKV's Eq. 2 window scores of one layer -> PureKVScores.");
+
+    m.def("purekv_select", [](const PureKVScores& s, py::array v, std::int64_t layer, py::object params) {
+        const Inputs in = inputs("purekv_select", {{"v", v}});
+        const PureKVParams P = purekv_params(params);
+        return dispatch(in.dtype, [&](auto tag) {
+            using T = typename decltype(tag)::type;
+            const auto Vv = view<T, 3>(in.arrays[0], "purekv_select", "v");
+            py::gil_scoped_release nogil;
+            return B::purekv_select(s, Vv, layer, P);
+        });
+    }, "scores"_a, "v"_a, "layer"_a, "params"_a = py::none(),
+       "PureKV's importance (Eq. 3-4) and kept set of layer `layer` from `scores` (its own, or layer l0's) -> PureKVSelection.");
+
+    m.def("purekv_st_attention", [](py::array q, py::array k, py::array v, py::object layout, py::object params) {
+        const Inputs in = inputs("purekv_st_attention", {{"q", q}, {"k", k}, {"v", v}});
+        const PureKVParams P = purekv_params(params);
+        const Layout L = layout_arg(layout, q);
+        auto out = new_like(q, 3, "purekv_st_attention");
+        dispatch(in.dtype, [&](auto tag) {
+            using T = typename decltype(tag)::type;
+            const char* fn = "purekv_st_attention";
+            const auto Q = view<T, 3>(in.arrays[0], fn, "q"), K = view<T, 3>(in.arrays[1], fn, "k"), Vv = view<T, 3>(in.arrays[2], fn, "v");
+            py::gil_scoped_release nogil;
+            B::purekv_st_attention(Q, K, Vv, L, out3(out), P);
+        });
+        return out;
+    }, "q"_a, "k"_a, "v"_a, "layout"_a, "params"_a = py::none(),
+       "PureKV's ST-SpAttn prefill (the spatial-temporal video mask) -> out [n, H, d] float32.");
+
+    // ---- BlindSight
+    m.def("masked_attention", [](py::array q, py::array k, py::array v, py::object layout, std::vector<std::string> templates,
+                                 py::object params) {
+        const Inputs in = inputs("masked_attention", {{"q", q}, {"k", k}, {"v", v}});
+        const BlindSightParams P = blindsight_params(params);
+        const Layout L = layout_arg(layout, q);
+        std::vector<MaskTemplate> heads;
+        for (const auto& t : templates) heads.push_back(mask_template_from_string(t, "masked_attention"));
+        if (heads.size() == 1 && q.ndim() == 3) heads.assign(static_cast<std::size_t>(q.shape(1)), heads[0]);
+        auto out = new_like(q, 3, "masked_attention");
+        dispatch(in.dtype, [&](auto tag) {
+            using T = typename decltype(tag)::type;
+            const char* fn = "masked_attention";
+            const auto Q = view<T, 3>(in.arrays[0], fn, "q"), K = view<T, 3>(in.arrays[1], fn, "k"), Vv = view<T, 3>(in.arrays[2], fn, "v");
+            L.require_tokens(Q.shape[0], fn);
+            py::gil_scoped_release nogil;
+            const MaskContext ctx = make_mask_context(L, P.mask);
+            B::masked(Q, K, Vv, ctx, heads, out3(out), AttentionOptions{P.scale, P.check_finite});
+        });
+        return out;
+    }, "q"_a, "k"_a, "v"_a, "layout"_a, "templates"_a, "params"_a = py::none(),
+       "BlindSight's template-masked attention: one template per query head ('Dense', 'Sink', 'Document', "
+       "'Document-Sink'; one name applies to every head) -> out [n, H, d] float32.");
+
+    m.def("blindsight_characterize", [](py::array q, py::array k, py::array v, py::object layout, py::object params) {
+        const Inputs in = inputs("blindsight_characterize", {{"q", q}, {"k", k}, {"v", v}});
+        const BlindSightParams P = blindsight_params(params);
+        const Layout L = layout_arg(layout, q);
+        const auto r = dispatch(in.dtype, [&](auto tag) {
+            using T = typename decltype(tag)::type;
+            const char* fn = "blindsight_characterize";
+            const auto Q = view<T, 3>(in.arrays[0], fn, "q"), K = view<T, 3>(in.arrays[1], fn, "k"), Vv = view<T, 3>(in.arrays[2], fn, "v");
+            py::gil_scoped_release nogil;
+            return B::characterize(Q, K, Vv, L, P);
+        });
+        py::list heads;
+        for (const auto& h : r) {
+            py::dict nmse;
+            for (MaskTemplate t : kAllTemplates) nmse[py::str(std::string(to_string(t)))] = h.nmse[static_cast<std::size_t>(t)];
+            heads.append(py::dict("chosen"_a = std::string(to_string(h.chosen)), "nmse"_a = nmse));
+        }
+        return heads;
+    }, "q"_a, "k"_a, "v"_a, "layout"_a, "params"_a = py::none(),
+       "BlindSight's Algorithm 1 for every head of one prompt -> list of {'chosen': template, 'nmse': {template: NMSE}} "
+       "(the Dense entry is 0: it is the reference).");
+
+    // ---- baselines
+    m.def("h2o_scores", [](py::array q, py::array k, const std::string& groups, float scale, bool check_finite) {
+        const Inputs in = inputs("h2o_scores", {{"q", q}, {"k", k}});
+        const BaselineGroups g = groups_arg(groups, "h2o_scores");
+        return to_array(dispatch(in.dtype, [&](auto tag) {
+            using T = typename decltype(tag)::type;
+            const auto Q = view<T, 3>(in.arrays[0], "h2o_scores", "q"), K = view<T, 3>(in.arrays[1], "h2o_scores", "k");
+            py::gil_scoped_release nogil;
+            return B::h2o_scores(Q, K, g, attention_options(scale, check_finite));
+        }));
+    }, "q"_a, "k"_a, "groups"_a = "kv_head", py::kw_only(), "scale"_a = 0.0f, "check_finite"_a = true,
+       "H2O's accumulated attention over the causal prefill -> [G, n] float64.");
+
+    m.def("snapkv_window_scores", [](py::array q, py::array k, std::int64_t window, const std::string& groups, float scale,
+                                     bool check_finite) {
+        const Inputs in = inputs("snapkv_window_scores", {{"q", q}, {"k", k}});
+        const BaselineGroups g = groups_arg(groups, "snapkv_window_scores");
+        return to_array(dispatch(in.dtype, [&](auto tag) {
+            using T = typename decltype(tag)::type;
+            const auto Q = view<T, 3>(in.arrays[0], "snapkv_window_scores", "q"), K = view<T, 3>(in.arrays[1], "snapkv_window_scores", "k");
+            py::gil_scoped_release nogil;
+            return B::snapkv_window_scores(Q, K, window, g, attention_options(scale, check_finite));
+        }));
+    }, "q"_a, "k"_a, "window"_a, "groups"_a = "kv_head", py::kw_only(), "scale"_a = 0.0f, "check_finite"_a = true,
+       "SnapKV's raw window scores -> [G, n - window] float64.");
+
+    m.def("fastv_scores", [](py::array q, py::array k, float scale, bool check_finite) {
+        const Inputs in = inputs("fastv_scores", {{"q", q}, {"k", k}});
+        return to_array(dispatch(in.dtype, [&](auto tag) {
+            using T = typename decltype(tag)::type;
+            const auto Q = view<T, 3>(in.arrays[0], "fastv_scores", "q"), K = view<T, 3>(in.arrays[1], "fastv_scores", "k");
+            py::gil_scoped_release nogil;
+            return B::fastv_scores(Q, K, attention_options(scale, check_finite));
+        }));
+    }, "q"_a, "k"_a, py::kw_only(), "scale"_a = 0.0f, "check_finite"_a = true,
+       "FastV's score: the last row's attention averaged over the query heads -> [n] float64.");
+
+    m.def("baseline_select", [](const std::string& policy, py::array q, py::array k, py::object layout, py::object params) {
+        const Inputs in = inputs("baseline_select", {{"q", q}, {"k", k}});
+        const nlohmann::json j = to_json(params);
+        const Layout L = layout_arg(layout, q);
+        return dispatch(in.dtype, [&](auto tag) -> TokenSelection {
+            using T = typename decltype(tag)::type;
+            const auto Q = view<T, 3>(in.arrays[0], "baseline_select", "q"), K = view<T, 3>(in.arrays[1], "baseline_select", "k");
+            if (policy == "h2o") {
+                const H2OParams P = ::vlsparse::h2o_params_from_json(j, "params.");
+                py::gil_scoped_release nogil;
+                return B::h2o_select(Q, K, P);
+            }
+            if (policy == "snapkv") {
+                const SnapKVParams P = ::vlsparse::snapkv_params_from_json(j, "params.");
+                py::gil_scoped_release nogil;
+                return B::snapkv_select(Q, K, P);
+            }
+            if (policy == "fastv") {
+                const FastVParams P = ::vlsparse::fastv_params_from_json(j, "params.");
+                py::gil_scoped_release nogil;
+                return B::fastv_select(Q, K, L, P);
+            }
+            throw error("baseline_select", "policy '" + policy + "', expected h2o, snapkv or fastv (streamingllm, random "
+                                           "and fixed_ratio need no attention: vlsparse.baseline_select_static)");
+        });
+    }, "policy"_a, "q"_a, "k"_a, "layout"_a = py::none(), "params"_a = py::none(),
+       "The prefill selection of H2O, SnapKV or FastV (params: the policy's Params as a dict) -> TokenSelection.");
+
+    (void)pre;
+}
+
+}  // namespace
+
+void init_module(py::module_& m) {
+    m.doc() = "vlsparse: visual-token sparsity for VLM inference (ZipVL, A-VL, PureKV, BlindSight, baselines). "
+              "vlsparse.reference: the exact scalar reference; vlsparse.simd: the SIMD path; vlsparse.golden; "
+              "vlsparse.sim. docs/python.md.";
+    m.attr("__version__") = VLSPARSE_VERSION_STRING;
+    static py::exception<error> exc(m, "Error", PyExc_ValueError);
+    py::register_exception_translator([](std::exception_ptr p) {
+        try {
+            if (p) std::rethrow_exception(p);
+        } catch (const error& e) {
+            exc(e.what());
+        } catch (const nlohmann::json::exception& e) {
+            exc((std::string("invalid params: ") + e.what()).c_str());
+        }
+    });
+
+    // ---- result types
+    py::class_<TokenSelection>(m, "TokenSelection", "The kept positions of one layer: one list shared by every KV head, or one per KV head.")
+        .def(py::init([](std::int64_t n, const std::vector<std::vector<std::int64_t>>& indices) {
+                 TokenSelection s;
+                 s.n = n;
+                 s.indices = indices;
+                 return s;
+             }), "n"_a, "indices"_a)
+        .def_readonly("n", &TokenSelection::n)
+        .def_property_readonly("indices", [](const TokenSelection& s) { return to_list_of_arrays(s.indices); })
+        .def_property_readonly("scores", [](const TokenSelection& s) { return to_array(s.scores); })
+        .def_property_readonly("shared", &TokenSelection::shared)
+        .def_property_readonly("kept_ratio", &TokenSelection::kept_ratio)
+        .def("mask", &selection_mask, "uint8 [G, n]: 1 where kept")
+        .def("__repr__", [](const TokenSelection& s) {
+            return "TokenSelection(n=" + std::to_string(s.n) + ", groups=" + std::to_string(s.indices.size()) +
+                   ", kept_ratio=" + std::to_string(s.kept_ratio()) + ")";
+        });
+
+    py::class_<ZipVLSelection>(m, "ZipVLSelection", "ZipVL's selection of one layer (zipvl_select).")
+        .def_readonly("n", &ZipVLSelection::n)
+        .def_readonly("dense", &ZipVLSelection::dense)
+        .def_readonly("heads_per_group", &ZipVLSelection::heads_per_group)
+        .def_property_readonly("probes", [](const ZipVLSelection& s) { return to_array(s.probes); })
+        .def_property_readonly("accumulated", [](const ZipVLSelection& s) {
+            return s.accumulated.empty() ? py::array_t<double>(std::vector<py::ssize_t>{0, static_cast<py::ssize_t>(s.n)}) : to_array(s.accumulated);
+        })
+        .def_property_readonly("normalized", [](const ZipVLSelection& s) {
+            return s.normalized.empty() ? py::array_t<double>(std::vector<py::ssize_t>{0, static_cast<py::ssize_t>(s.n)}) : to_array(s.normalized);
+        })
+        .def_property_readonly("p", [](const ZipVLSelection& s) { return to_array(s.p); })
+        .def_readonly("selection", &ZipVLSelection::selection)
+        .def("kept_mask", [](const ZipVLSelection& s) {
+            // one row per group, also for a dense layer's shared list
+            TokenSelection t = s.selection;
+            if (t.indices.size() == 1 && s.p.size() > 1) t.indices.assign(s.p.size(), t.indices[0]);
+            return selection_mask(t);
+        }, "uint8 [G, n]: 1 where kept (as the golden files' kept_mask)")
+        .def_property_readonly("kept_ratio", &ZipVLSelection::kept_ratio);
+
+    py::class_<AvlSelection>(m, "AvlSelection", "What A-VL keeps of one layer after prefill (avl_prefill_select).")
+        .def_readonly("n", &AvlSelection::n)
+        .def_property_readonly("core", [](const AvlSelection& s) { return to_array(s.core); })
+        .def_readonly("kept", &AvlSelection::kept)
+        .def_property_readonly("scores", [](const AvlSelection& s) { return to_array(s.scores); })
+        .def_property_readonly("kept_image", [](const AvlSelection& s) { return to_list_of_arrays(s.kept_image); })
+        .def_property_readonly("core_budget", [](const AvlSelection& s) { return to_array(s.core_budget); });
+
+    py::class_<PureKVScores>(m, "PureKVScores", "PureKV's window scores of one layer (Eq. 2).")
+        .def_readonly("layer", &PureKVScores::layer)
+        .def_readonly("n", &PureKVScores::n)
+        .def_readonly("window", &PureKVScores::window)
+        .def_readonly("heads_per_group", &PureKVScores::heads_per_group)
+        .def_property_readonly("s", [](const PureKVScores& s) { return to_array(s.s); });
+
+    py::class_<PureKVSelection>(m, "PureKVSelection", "What PureKV keeps in one layer (purekv_select).")
+        .def_readonly("n", &PureKVSelection::n)
+        .def_readonly("layer", &PureKVSelection::layer)
+        .def_readonly("source_layer", &PureKVSelection::source_layer)
+        .def_readonly("dense", &PureKVSelection::dense)
+        .def_readonly("window", &PureKVSelection::window)
+        .def_readonly("top_h", &PureKVSelection::top_h)
+        .def_property_readonly("v_norm", [](const PureKVSelection& s) { return to_array(s.v_norm); })
+        .def_property_readonly("importance", [](const PureKVSelection& s) { return to_array(s.importance); })
+        .def_readonly("selection", &PureKVSelection::selection);
+
+    // ---- Params: the defaults of every algorithm as dicts
+    m.def("default_params", [](const std::string& algorithm) -> py::object {
+        if (algorithm == "zipvl") return from_json(::vlsparse::to_json(ZipVLParams{}, true));
+        if (algorithm == "avl") return from_json(::vlsparse::to_json(AvlParams{}));
+        if (algorithm == "purekv") return from_json(::vlsparse::to_json(PureKVParams{}));
+        if (algorithm == "blindsight") return from_json(::vlsparse::to_json(BlindSightParams{}));
+        if (algorithm == "h2o") return from_json(::vlsparse::to_json(H2OParams{}));
+        if (algorithm == "snapkv") return from_json(::vlsparse::to_json(SnapKVParams{}));
+        if (algorithm == "fastv") return from_json(::vlsparse::to_json(FastVParams{}));
+        throw error("default_params", "algorithm '" + algorithm + "', expected zipvl, avl, purekv, blindsight, h2o, snapkv or fastv");
+    }, "algorithm"_a, "The default Params of an algorithm as a dict (the keys the functions' params accept).");
+
+    m.def("layout_n", [](const std::string& spec) { return Layout::parse(spec).n(); }, "spec"_a,
+          "The number of tokens of a layout spec such as 'text:6,image:150[10x15],text:4' (validates it).");
+
+    py::module_ ref = m.def_submodule("reference", "The exact scalar reference (double accumulation): the oracle.");
+    bind_backend<ReferenceBackend>(ref);
+    py::module_ sim = m.def_submodule("simd", "The SIMD path (fp32 accumulation, the CPU's best instruction set).");
+    bind_backend<SimdBackend>(sim);
+
+    bind_sim(m);
+
+    // `import vlsparse.reference` etc. work as for a package.
+    py::dict modules = py::module_::import("sys").attr("modules");
+    for (const char* sub : {"reference", "simd", "golden", "sim"})
+        modules[py::str(std::string("vlsparse.") + sub)] = m.attr(sub);
+}
+
+}  // namespace vlsparse::python
+
+PYBIND11_MODULE(vlsparse, m) { vlsparse::python::init_module(m); }

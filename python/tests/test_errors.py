@@ -1,0 +1,94 @@
+# Bad input raises vlsparse.Error (a ValueError) with the library's message: the function, the
+# offending value and what was expected. Never a crash or a silent wrong answer.
+import json
+
+import numpy as np
+import pytest
+
+import vlsparse
+from conftest import qkv
+
+ref, simd = vlsparse.reference, vlsparse.simd
+
+
+def test_error_class():
+    assert issubclass(vlsparse.Error, ValueError)
+
+
+@pytest.mark.parametrize("B", [ref, simd], ids=["reference", "simd"])
+def test_bad_arrays(rng, B):
+    q, k, v = qkv(rng, 12, 4, 2, 8)
+    with pytest.raises(vlsparse.Error, match=r"dense_attention: q: dtype float64, expected float32, float16 or uint16"):
+        B.dense_attention(q.astype(np.float64), k, v)
+    with pytest.raises(vlsparse.Error, match=r"k has dtype float16, expected the dtype of q"):
+        B.dense_attention(q, k.astype(np.float16), v)
+    with pytest.raises(vlsparse.Error, match=r"q has 2 dimensions, expected 3"):
+        B.dense_attention(q[0], k, v)
+    with pytest.raises(vlsparse.Error, match=r"dense_attention: .*shape"):
+        B.dense_attention(q, k[:5], v)
+    with pytest.raises(vlsparse.Error, match=r"H % H_kv|query heads|divisible|multiple"):
+        B.dense_attention(q[:, :3], k, v)
+    bad = q.copy()
+    bad[3, 1, 2] = np.nan
+    with pytest.raises(vlsparse.Error, match=r"q\[3, 1, 2\] = nan"):
+        B.dense_attention(bad, k, v)
+    with pytest.raises(vlsparse.Error, match="big-endian"):
+        B.dense_attention(q.astype(">f4"), k, v)
+
+
+@pytest.mark.parametrize("B", [ref, simd], ids=["reference", "simd"])
+def test_bad_params_and_layouts(rng, B):
+    q, k, v = qkv(rng, 12, 4, 2, 8)
+    with pytest.raises(vlsparse.Error, match=r"tau = 1.5, expected 0 < tau <= 1"):
+        B.zipvl_select(q, k, None, 0, {"tau": 1.5})
+    with pytest.raises(vlsparse.Error, match="tolerance"):  # an unknown key (a typo) is caught
+        B.zipvl_select(q, k, None, 0, {"tolerance": 0.9})
+    with pytest.raises(vlsparse.Error, match="grouping"):
+        B.zipvl_select(q, k, None, 0, {"grouping": "per_head"})
+    with pytest.raises(vlsparse.Error, match="layout|tokens"):
+        B.zipvl_select(q, k, "text:5,image:4", 0)  # 9 tokens, the input has 12
+    with pytest.raises(vlsparse.Error, match=r"grid 2x3 does not match"):
+        B.zipvl_select(q, k, "text:8,image:4[2x3]", 0)
+    with pytest.raises(vlsparse.Error, match="unknown mask template 'Diagonal'"):
+        B.masked_attention(q, k, v, "text:12", ["Diagonal"])
+    with pytest.raises(vlsparse.Error, match="unselected = 'none'"):
+        B.sparse_attention(q, k, v, vlsparse.TokenSelection(12, [[0, 1]]), unselected="none")
+    with pytest.raises(vlsparse.Error, match="selection"):  # positions out of range
+        B.sparse_attention(q, k, v, vlsparse.TokenSelection(12, [[0, 40]]))
+    with pytest.raises(vlsparse.Error, match="policy 'tova'"):
+        B.baseline_select("tova", q, k)
+    with pytest.raises(vlsparse.Error, match="rate"):
+        B.avl_prefill_select(q, k, "text:4,image:8", {"rate": 1.0})
+    with pytest.raises(vlsparse.Error, match="window"):
+        B.purekv_window_scores(q, k, 0, {"window": 40})
+    with pytest.raises(vlsparse.Error, match="alpha"):
+        B.blindsight_characterize(q, k, v, "text:4,image:8", {"alpha": -1})
+
+
+def test_default_params_unknown():
+    with pytest.raises(vlsparse.Error, match="algorithm 'zipcache'"):
+        vlsparse.default_params("zipcache")
+
+
+def test_golden_verify_errors(tmp_path):
+    with pytest.raises(vlsparse.Error, match="is not a folder"):
+        vlsparse.golden.verify(tmp_path / "absent")
+    with pytest.raises(vlsparse.Error, match="holds no case"):
+        vlsparse.golden.verify(tmp_path)
+    with pytest.raises(vlsparse.Error, match="does not exist"):
+        vlsparse.golden.verify(tmp_path, tmp_path / "no-golden")
+
+
+def test_sim_errors(tmp_path):
+    with pytest.raises(vlsparse.Error, match="cannot open"):
+        vlsparse.sim.run(tmp_path / "absent.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{ not json")
+    with pytest.raises(vlsparse.Error, match="invalid JSON"):
+        vlsparse.sim.run(bad)
+    s = vlsparse.sim.default_scenario()
+    s["policies"] = [{"name": "zipvl", "params": {"tau": 2}}]
+    with pytest.raises(vlsparse.Error, match="tau"):
+        vlsparse.sim.run(s)
+    with pytest.raises(vlsparse.Error, match="command = 'sweep'"):
+        vlsparse.sim.run(None, command="sweep")

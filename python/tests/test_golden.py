@@ -1,0 +1,147 @@
+# Golden round trips: every ZipVL case through both backends of the module, the outputs written as
+# .npy files and checked by vlsparse.golden.verify (the simulator's golden verify); a wrong output
+# fails it. Other algorithms' golden outputs as anchors, compared under the manifest's metric.
+import json
+
+import numpy as np
+import pytest
+
+import vlsparse
+from conftest import GOLDEN_DIR
+
+ZIPVL_CASES = sorted(p.name for p in (GOLDEN_DIR / "zipvl").iterdir() if (p / "manifest.json").exists())
+
+
+def load(case):
+    m = json.loads((case / "manifest.json").read_text())
+    inputs = {t["name"]: np.load(case / t["file"]) for t in m["inputs"]}
+    return m, inputs
+
+
+def run_zipvl(backend, case):
+    """Every output of a ZipVL case (docs/golden-format.md, "ZipVL cases"), by name."""
+    m, x = load(case)
+    P, layout = m["params"], m["layout"]
+    q, k, v = x["q"], x["k"], x["v"]
+    sel = backend.zipvl_select(q, k, layout, int(x["layer"][0]), P)
+    out = {"probes": sel.probes, "accumulated": sel.accumulated, "normalized": sel.normalized, "p": sel.p,
+           "kept_mask": sel.kept_mask(), "prefill_out": backend.zipvl_prefill(q, k, v, sel, P)}
+    cache = backend.zipvl_evict(k, v, sel)
+    for g, head in enumerate(cache):
+        out[f"cache_pos_g{g}"], out[f"cache_k_g{g}"], out[f"cache_v_g{g}"] = head["positions"], head["k"], head["v"]
+    decode = []
+    ck = np.stack([h["k"] for h in cache], axis=1) if len({len(h["positions"]) for h in cache}) == 1 else None
+    for t in range(x["decode_q"].shape[0]):
+        if ck is not None:  # every KV head holds the same rows: one cache [rows, H_kv, d]
+            kk = np.concatenate([ck, x["decode_k"][: t + 1]])
+            vv = np.concatenate([np.stack([h["v"] for h in cache], axis=1), x["decode_v"][: t + 1]])
+            decode.append(backend.decode_attention(x["decode_q"][t], kk, vv, scale=P["scale"]))
+        else:  # per-KV-head caches of different lengths: one KV head (and its query heads) at a time
+            H, Hkv = q.shape[1], k.shape[1]
+            o = np.zeros((H, q.shape[2]), np.float32)
+            for g, h in enumerate(cache):
+                kk = np.concatenate([h["k"], x["decode_k"][: t + 1, g]])[:, None]
+                vv = np.concatenate([h["v"], x["decode_v"][: t + 1, g]])[:, None]
+                r = slice(g * H // Hkv, (g + 1) * H // Hkv)
+                o[r] = backend.decode_attention(x["decode_q"][t, r], kk, vv, scale=P["scale"])
+            decode.append(o)
+    out["decode_out"] = np.stack(decode)
+    return out
+
+
+@pytest.mark.parametrize("backend", ["reference", "simd"])
+@pytest.mark.parametrize("case", ZIPVL_CASES)
+def test_zipvl_round_trip(tmp_path, backend, case):
+    golden = GOLDEN_DIR / "zipvl" / case
+    for name, a in run_zipvl(getattr(vlsparse, backend), golden).items():
+        np.save(tmp_path / f"{name}.npy", a)
+    r = vlsparse.golden.verify(tmp_path, golden)
+    failed = [o["name"] + ": " + o["detail"] for c in r["cases"] for o in c["outputs"] if not o["pass"]]
+    assert r["pass"] and not failed, failed
+    assert r["cases"][0]["case"] == case and len(r["cases"][0]["outputs"]) >= 9
+
+
+def test_verify_finds_a_wrong_output(tmp_path):
+    golden = GOLDEN_DIR / "zipvl" / "mha_fp32_layer"
+    port = tmp_path / "zipvl" / "mha_fp32_layer"  # laid out like golden/: matched by its folder names
+    port.mkdir(parents=True)
+    outputs = run_zipvl(vlsparse.simd, golden)
+    outputs["prefill_out"] = outputs["prefill_out"] * np.float32(1.001)
+    outputs["p"] = outputs["p"] + 1
+    for name, a in outputs.items():
+        np.save(port / f"{name}.npy", a)
+    (port / "kept_mask.npy").unlink()
+    r = vlsparse.golden.verify(tmp_path, GOLDEN_DIR)
+    assert not r["pass"]
+    outs = {o["name"]: o for o in r["cases"][0]["outputs"]}
+    assert not outs["prefill_out"]["pass"] and "nmse" in outs["prefill_out"]["detail"]
+    assert not outs["p"]["pass"] and outs["p"]["detail"].startswith("exact")
+    assert outs["kept_mask"]["missing"] and not outs["kept_mask"]["pass"]
+    assert outs["decode_out"]["pass"] and outs["probes"]["pass"]
+
+
+def compare(spec, got, exp):
+    tol = spec.get("tols", {}).get("fp32", spec.get("tol", 0.0))
+    got, exp = np.asarray(got), np.asarray(exp)
+    assert got.shape == exp.shape, spec["name"]
+    if spec["dtype"] == "bf16":
+        got, exp = got.astype(np.float64), exp.astype(np.float64)
+    if spec["metric"] == "exact":
+        assert (got == exp).all(), spec["name"]
+    elif spec["metric"] == "nmse":
+        assert ((got - exp) ** 2).sum() <= tol * (exp.astype(np.float64) ** 2).sum(), spec["name"]
+    else:
+        assert np.abs(got - exp).max() <= tol * np.abs(exp).max(), spec["name"]
+
+
+@pytest.mark.parametrize("backend", ["reference", "simd"])
+def test_anchors_blindsight(backend):
+    B = getattr(vlsparse, backend)
+    case = GOLDEN_DIR / "blindsight" / "attention_gqa_fp32"
+    m, x = load(case)
+    names = ["Dense", "Sink", "Document", "Document-Sink"]
+    heads = [names[i] for i in x["heads"]]
+    specs = {t["name"]: t for t in m["outputs"]}
+    exp = {n: np.load(case / specs[n]["file"]) for n in ("masked_out", "nmse", "chosen")}
+    compare(specs["masked_out"], B.masked_attention(x["q"], x["k"], x["v"], m["layout"], heads, m["params"]), exp["masked_out"])
+    ch = B.blindsight_characterize(x["q"], x["k"], x["v"], m["layout"], m["params"])
+    compare(specs["nmse"], [[h["nmse"][t] for t in names] for h in ch], exp["nmse"])
+    compare(specs["chosen"], [names.index(h["chosen"]) for h in ch], exp["chosen"])
+
+
+@pytest.mark.parametrize("backend", ["reference", "simd"])
+@pytest.mark.parametrize("case", ["h2o_gqa_fp32", "h2o_layer_bf16", "snapkv_avg_gqa_fp32", "snapkv_max_mqa_fp16",
+                                  "fastv_joint_bf16", "fastv_per_image_fp32"])
+def test_anchors_baselines(backend, case):
+    B = getattr(vlsparse, backend)
+    m, x = load(GOLDEN_DIR / "baselines" / case)
+    specs = {t["name"]: t for t in m["outputs"]}
+    exp = lambda n: np.load(GOLDEN_DIR / "baselines" / case / specs[n]["file"])
+    P = {key: val for key, val in m["params"].items() if key != "baseline"}
+    policy = m["params"]["baseline"]
+    sel = B.baseline_select(policy, x["q"], x["k"], m["layout"], P)
+    if policy == "h2o":
+        compare(specs["scores"], B.h2o_scores(x["q"], x["k"], P["groups"]), exp("scores"))
+        compare(specs["kept_mask"], sel.mask(), exp("kept_mask"))
+    elif policy == "snapkv":
+        compare(specs["window_scores"], B.snapkv_window_scores(x["q"], x["k"], P["window"], P["groups"]), exp("window_scores"))
+        compare(specs["kept_mask"], sel.mask(), exp("kept_mask"))
+    else:
+        compare(specs["scores"], B.fastv_scores(x["q"], x["k"]), exp("scores"))
+        compare(specs["sequence_mask"], sel.mask()[0], exp("sequence_mask"))
+
+
+@pytest.mark.parametrize("backend", ["reference", "simd"])
+@pytest.mark.parametrize("case", ["trace_k3_gqa_fp32", "single_span_mqa_fp16", "async_text_h2o_bf16"])
+def test_anchors_avl(backend, case):
+    B = getattr(vlsparse, backend)
+    m, x = load(GOLDEN_DIR / "avl" / case)
+    specs = {t["name"]: t for t in m["outputs"]}
+    exp = lambda n: np.load(GOLDEN_DIR / "avl" / case / specs[n]["file"])
+    sel = B.avl_prefill_select(x["q"], x["k"], m["layout"], m["params"])
+    compare(specs["scores"], sel.scores, exp("scores"))
+    compare(specs["kept_mask"], sel.kept.mask(), exp("kept_mask"))
+    r = B.avl_decode(sel, x["k"], x["v"], x["decode_q"], x["decode_k"], x["decode_v"], m["params"])
+    for name in ["core_mask", "read_mask", "refresh"]:
+        compare(specs[name], r[name], exp(name))
+    compare(specs["decode_out"], r["out"], exp("decode_out"))
