@@ -599,8 +599,24 @@ void init_module(py::module_& m) {
         if (algorithm == "h2o") return from_json(::vlsparse::to_json(H2OParams{}));
         if (algorithm == "snapkv") return from_json(::vlsparse::to_json(SnapKVParams{}));
         if (algorithm == "fastv") return from_json(::vlsparse::to_json(FastVParams{}));
-        throw error("default_params", "algorithm '" + algorithm + "', expected zipvl, avl, purekv, blindsight, h2o, snapkv or fastv");
+        if (algorithm == "streamingllm") return from_json(::vlsparse::to_json(StreamingLLMParams{}));
+        if (algorithm == "random") return from_json(::vlsparse::to_json(RandomParams{}));
+        if (algorithm == "fixed_ratio") return from_json(::vlsparse::to_json(FixedRatioParams{}));
+        throw error("default_params", "algorithm '" + algorithm + "', expected zipvl, avl, purekv, blindsight, h2o, snapkv, "
+                                      "fastv, streamingllm, random or fixed_ratio");
     }, "algorithm"_a, "The default Params of an algorithm as a dict (the keys the functions' params accept).");
+
+    m.def("baseline_select_static", [](const std::string& policy, const std::string& layout, py::object params, std::int64_t layer) {
+        const nlohmann::json j = to_json(params);
+        const Layout L = Layout::parse(layout);
+        if (policy == "streamingllm") return streamingllm_select(L.n(), ::vlsparse::streamingllm_params_from_json(j, "params."));
+        if (policy == "random") return random_select(L, layer, ::vlsparse::random_params_from_json(j, "params."));
+        if (policy == "fixed_ratio") return fixed_ratio_select(L, ::vlsparse::fixed_ratio_params_from_json(j, "params."));
+        throw error("baseline_select_static", "policy '" + policy + "', expected streamingllm, random or fixed_ratio "
+                                              "(h2o, snapkv and fastv read attention: reference / simd.baseline_select)");
+    }, "policy"_a, "layout"_a, "params"_a = py::none(), "layer"_a = 0,
+       "The prefill selection of the baselines that read no attention (StreamingLLM, random, fixed ratio; one "
+       "implementation) -> TokenSelection.");
 
     m.def("layout_n", [](const std::string& spec) { return Layout::parse(spec).n(); }, "spec"_a,
           "The number of tokens of a layout spec such as 'text:6,image:150[10x15],text:4' (validates it).");

@@ -170,7 +170,8 @@ def test_baselines(rng, dtype, groups):
 
 def test_default_params_round_trip(rng):
     q, k, _ = qkv(rng, 40, 2, 1, 16)
-    for algorithm in ["zipvl", "avl", "purekv", "blindsight", "h2o", "snapkv", "fastv"]:
+    for algorithm in ["zipvl", "avl", "purekv", "blindsight", "h2o", "snapkv", "fastv", "streamingllm", "random",
+                      "fixed_ratio"]:
         p = vlsparse.default_params(algorithm)
         assert isinstance(p, dict) and p
     # The defaults, passed back explicitly, give what no params give.

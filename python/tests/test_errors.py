@@ -68,6 +68,10 @@ def test_bad_params_and_layouts(rng, B):
 def test_default_params_unknown():
     with pytest.raises(vlsparse.Error, match="algorithm 'zipcache'"):
         vlsparse.default_params("zipcache")
+    with pytest.raises(vlsparse.Error, match="policy 'h2o', expected streamingllm"):
+        vlsparse.baseline_select_static("h2o", "text:8")
+    with pytest.raises(vlsparse.Error, match="unknown kind|kind"):
+        vlsparse.baseline_select_static("random", "txt:8")
 
 
 def test_golden_verify_errors(tmp_path):

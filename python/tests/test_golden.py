@@ -117,8 +117,7 @@ def test_anchors_baselines(backend, case):
     m, x = load(GOLDEN_DIR / "baselines" / case)
     specs = {t["name"]: t for t in m["outputs"]}
     exp = lambda n: np.load(GOLDEN_DIR / "baselines" / case / specs[n]["file"])
-    P = {key: val for key, val in m["params"].items() if key != "baseline"}
-    policy = m["params"]["baseline"]
+    P, policy = m["params"], m["params"]["baseline"]  # the manifest's params as they are
     sel = B.baseline_select(policy, x["q"], x["k"], m["layout"], P)
     if policy == "h2o":
         compare(specs["scores"], B.h2o_scores(x["q"], x["k"], P["groups"]), exp("scores"))
@@ -145,3 +144,38 @@ def test_anchors_avl(backend, case):
     for name in ["core_mask", "read_mask", "refresh"]:
         compare(specs[name], r[name], exp(name))
     compare(specs["decode_out"], r["out"], exp("decode_out"))
+
+
+@pytest.mark.parametrize("case", ["streamingllm_rolling", "random_visual", "random_all_count", "fixed_ratio_last_all",
+                                  "fixed_ratio_stride"])
+def test_anchors_static_baselines(case):
+    m, x = load(GOLDEN_DIR / "baselines" / case)
+    spec = next(t for t in m["outputs"] if t["name"] == "kept_mask")
+    layer = int(x["layer"][0]) if "layer" in x else 0
+    sel = vlsparse.baseline_select_static(m["params"]["baseline"], m["layout"], m["params"], layer)  # as the manifest has them
+    compare(spec, sel.mask()[0], np.load(GOLDEN_DIR / "baselines" / case / spec["file"]))
+
+
+@pytest.mark.parametrize("backend", ["reference", "simd"])
+@pytest.mark.parametrize("case", ["st_video_gqa_fp32", "layer_grouping_bf16_mqa", "two_videos_atrous_fp16"])
+def test_anchors_purekv(backend, case):
+    # The layer-by-layer estimator by hand: layers up to l0 score themselves (or stay dense), the higher
+    # ones reuse l0's scores; ST-SpAttn from st_start_layer on.
+    B = getattr(vlsparse, backend)
+    m, x = load(GOLDEN_DIR / "purekv" / case)
+    P, l0 = m["params"], m["params"]["l0"]
+    specs = {t["name"]: t for t in m["outputs"]}
+    exp = lambda n: np.load(GOLDEN_DIR / "purekv" / case / specs[n]["file"])
+    s0 = B.purekv_window_scores(x["q"][l0], x["k"][l0], l0, P)
+    compare(specs["scores_l0"], s0.s, exp("scores_l0"))
+    for layer in range(exp("kept_mask").shape[0]):
+        q, k, v = x["q"][layer], x["k"][layer], x["v"][layer]
+        if layer < l0 and P["lower_layers"] == "dense":
+            assert exp("kept_mask")[layer].all()
+        else:
+            sel = B.purekv_select(B.purekv_window_scores(q, k, layer, P) if layer <= l0 else s0, v, layer, P)
+            compare(dict(specs["importance"], name=f"importance[{layer}]"), sel.importance, exp("importance")[layer])
+            compare(dict(specs["kept_mask"], name=f"kept_mask[{layer}]"), sel.selection.mask(), exp("kept_mask")[layer])
+        masked = layer >= P["st_start_layer"]
+        out = B.purekv_st_attention(q, k, v, m["layout"], P) if masked else B.dense_attention(q, k, v)
+        compare(dict(specs["prefill_out"], name=f"prefill_out[{layer}]"), out, exp("prefill_out")[layer])
