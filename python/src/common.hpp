@@ -43,13 +43,12 @@ inline InDType in_dtype(const py::array& a, const char* fn, const char* name) {
 }
 
 // The array itself when its strides are usable in place (non-negative multiples of the element
-// size), else a C-contiguous copy.
+// size), else a C-contiguous copy. The data pointer must be aligned for the element type as well.
 inline py::array usable(py::array a) {
     const auto item = a.itemsize();
-    for (py::ssize_t i = 0; i < a.ndim(); ++i)
-        if (a.strides(i) < 0 || a.strides(i) % item != 0)
-            return py::array::ensure(py::module_::import("numpy").attr("ascontiguousarray")(a));
-    return a;
+    bool ok = reinterpret_cast<std::uintptr_t>(a.data()) % static_cast<std::uintptr_t>(item) == 0;
+    for (py::ssize_t i = 0; i < a.ndim(); ++i) ok = ok && a.strides(i) >= 0 && a.strides(i) % item == 0;
+    return ok ? a : py::array::ensure(py::module_::import("numpy").attr("ascontiguousarray")(a));
 }
 
 template <class T, int Rank>
@@ -128,9 +127,17 @@ inline py::list to_list_of_arrays(const std::vector<std::vector<std::int64_t>>& 
 
 // ---- Params as dicts --------------------------------------------------------------------------
 
+// A dict (or any JSON-like value) as JSON: numpy scalars and arrays count as their Python values;
+// anything else JSON cannot hold is a vlsparse::error naming it.
 inline nlohmann::json to_json(const py::handle& o) {
     if (o.is_none()) return nlohmann::json::object();
-    const std::string s = py::module_::import("json").attr("dumps")(o).cast<std::string>();
+    const py::cpp_function numpy_values([](py::object x) -> py::object {
+        if (py::hasattr(x, "tolist")) return x.attr("tolist")();
+        throw error("params", "a value of type " + py::str(py::type::handle_of(x).attr("__name__")).cast<std::string>() +
+                                  " (" + py::repr(x).cast<std::string>() + "), expected JSON values (numbers, strings, "
+                                  "booleans, lists, dicts)");
+    });
+    const std::string s = py::module_::import("json").attr("dumps")(o, py::arg("default") = numpy_values).cast<std::string>();
     return nlohmann::json::parse(s);
 }
 

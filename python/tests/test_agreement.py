@@ -46,7 +46,13 @@ def test_strided_views_in_place(rng):
     assert_attention(simd.dense_attention(q, k, v), ref.dense_attention(qc, kc, vc), "fused qkv")
     k_head_major = np.ascontiguousarray(kc.transpose(1, 0, 2)).transpose(1, 0, 2)  # [n, Hkv, d] view of [Hkv, n, d]
     np.testing.assert_array_equal(ref.dense_attention(qc, k_head_major, vc), ref.dense_attention(qc, kc, vc))
-    # Negative strides are copied (the library's views take strides >= 0).
+    # A misaligned buffer (float32 data at an odd byte offset) and negative strides are copied (the
+    # library's views take aligned data and strides >= 0).
+    raw = np.zeros(qc.nbytes + 1, np.uint8)
+    qm = raw[1:].view(np.float32).reshape(qc.shape)
+    qm[...] = qc
+    assert qm.ctypes.data % 4 == 1
+    np.testing.assert_array_equal(ref.dense_attention(qm, kc, vc), ref.dense_attention(qc, kc, vc))
     np.testing.assert_array_equal(ref.dense_attention(qc[::-1], kc[::-1], vc[::-1]),
                                   ref.dense_attention(*map(np.ascontiguousarray, (qc[::-1], kc[::-1], vc[::-1]))))
 
@@ -180,3 +186,20 @@ def test_default_params_round_trip(rng):
     a = ref.zipvl_select(q, k, None, 1, p)
     b = ref.zipvl_select(q, k, None, 1, {"probe_recent": 8, "probe_random": 8})
     np.testing.assert_array_equal(a.kept_mask(), b.kept_mask())
+
+
+def test_inputs_are_not_copied(rng):
+    # numpy reports its buffers to tracemalloc: a copy of q (4 MiB) would show in the peak. A strided
+    # slice of a fused QKV buffer and a head-major view are read in place; a reversed view is copied.
+    import tracemalloc
+    n, H, Hkv, d = 2048, 8, 2, 64
+    fused = rng.standard_normal((n, (H + 2 * Hkv) * d), dtype=np.float32)
+    q = fused[:, : H * d].reshape(n, H, d)
+    k = np.ascontiguousarray(fused[:, H * d: (H + Hkv) * d].reshape(n, Hkv, d).transpose(1, 0, 2)).transpose(1, 0, 2)
+    for backend in (ref, simd):
+        for x, copied in [(q, False), (q[::-1], True)]:
+            tracemalloc.start()
+            backend.avl_scores(x, k)
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            assert (peak >= q.nbytes) == copied, (backend.__name__, copied, peak)

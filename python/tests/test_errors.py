@@ -65,6 +65,20 @@ def test_bad_params_and_layouts(rng, B):
         B.blindsight_characterize(q, k, v, "text:4,image:8", {"alpha": -1})
 
 
+def test_params_values(rng):
+    q, k, _ = qkv(rng, 30, 2, 1, 8)
+    # numpy scalars count as their values; wrong types and non-JSON values are errors.
+    a = ref.zipvl_select(q, k, None, 0, {"probe_recent": np.int64(6), "probe_random": 4, "tau": np.float32(0.5)})
+    b = ref.zipvl_select(q, k, None, 0, {"probe_recent": 6, "probe_random": 4, "tau": float(np.float32(0.5))})
+    np.testing.assert_array_equal(a.kept_mask(), b.kept_mask())
+    with pytest.raises(vlsparse.Error, match="params.tau: expected a number"):
+        ref.zipvl_select(q, k, None, 0, {"tau": "high"})
+    with pytest.raises(vlsparse.Error, match="expected an object"):
+        ref.zipvl_select(q, k, None, 0, [0.9])
+    with pytest.raises(vlsparse.Error, match=r"params: a value of type object"):
+        ref.zipvl_select(q, k, None, 0, {"tau": object()})
+
+
 def test_default_params_unknown():
     with pytest.raises(vlsparse.Error, match="algorithm 'zipcache'"):
         vlsparse.default_params("zipcache")
