@@ -855,6 +855,7 @@ TEST_CASE("sim residual: with dense policies the engine is the model's own dense
         // and the plain-mode picture of a dense policy: nothing differs from dense
         CHECK(p.final_hidden_err.value() == 0.0);
         CHECK(p.token_agreement() == 1.0);
+        CHECK(p.kl_to_dense() == 0.0);
         CHECK(p.prefill_nmse() == 0.0);
         CHECK(p.decode_nmse() == 0.0);
         CHECK(p.kept_ratio() == 1.0);
@@ -869,8 +870,13 @@ TEST_CASE("sim residual: sparse policies' errors propagate through depth", "[sim
     j["policies"] = json::array({json{{"name", "streamingllm"}, {"params", {{"sinks", 2}, {"recent", 0.1}}}},
                                  json{{"name", "zipvl"}, {"params", {{"tau", 0.9}}}}});
     const Scenario s = scenario_from_json(j, "residual sparse");
-    const RunResult r = run_scenario(s);
+    EngineOptions eo;
+    eo.keep_final_hidden = true;
+    const RunResult r = run_scenario(s, eo);
     REQUIRE(r.runs.size() == 3);
+    // KL to dense, by hand from the final hidden states and the model's LM head
+    const auto model = make_residual_source(s);
+    const auto D = static_cast<std::size_t>(model->hidden_size());
     for (std::size_t k = 1; k < r.runs.size(); ++k) {
         const auto& p = r.runs[k];
         INFO(p.label);
@@ -880,6 +886,17 @@ TEST_CASE("sim residual: sparse policies' errors propagate through depth", "[sim
         CHECK(p.token_agreement() >= 0.0);
         CHECK(p.token_agreement() <= 1.0);
         CHECK(p.layers.back().decode_err.value() > 0.0);
+        double kl = 0.0;
+        for (std::size_t t = 0; t < p.tokens.size(); ++t) {
+            const auto zr = model->logits(std::span<const float>(r.runs[0].final_hidden).subspan(t * D, D));
+            const auto zp = model->logits(std::span<const float>(p.final_hidden).subspan(t * D, D));
+            double sr = 0.0, sp = 0.0;
+            for (std::size_t v = 0; v < zr.size(); ++v) sr += std::exp(double(zr[v])), sp += std::exp(double(zp[v]));
+            for (std::size_t v = 0; v < zr.size(); ++v)
+                kl += std::exp(double(zr[v])) / sr * ((double(zr[v]) - std::log(sr)) - (double(zp[v]) - std::log(sp)));
+        }
+        CHECK(p.kl_to_dense() > 0.0);
+        CHECK(p.kl_to_dense() == Approx(kl / double(p.tokens.size())).epsilon(1e-9));
     }
     // ZipVL's token-sparse prefill changes the hidden states the last layer sees
     CHECK(r.runs[2].layers.back().prefill_err.value() > 0.0);
@@ -889,6 +906,8 @@ TEST_CASE("sim residual: sparse policies' errors propagate through depth", "[sim
     CHECK(html.find("tokens agree") != std::string::npos);
     const json rep = report_json("run", s, r);
     CHECK(rep["runs"][1]["summary"].contains("token_agreement"));
+    CHECK(rep["runs"][1]["summary"]["tokens_agree"] == r.runs[1].tokens_agree);
+    CHECK(rep["runs"][1]["summary"]["kl_to_dense"] == r.runs[1].kl_to_dense());
 }
 
 namespace {

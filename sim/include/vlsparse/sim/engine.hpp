@@ -451,6 +451,33 @@ inline bool is_identity_seq(const std::vector<std::int64_t>& seq, std::int64_t n
     return static_cast<std::int64_t>(seq.size()) == n;  // subsets of [0, n) of size n are the identity
 }
 
+// The LM head at one point (after the prefill, or after a decode step): the run's token (argmax of the
+// logits, ties to the lowest index, as ResidualModel::lm_head) and KL(p_dense || p) of the softmax
+// distributions, in nats, added to the run's kl_sum. The dense run (is_ref) stores its log-probabilities
+// in ref_logp for the other runs of the same point.
+template <class Model>
+void lm_head_point(Run& r, const Model& model, std::span<const float> row, bool is_ref, std::vector<double>& ref_logp) {
+    const std::vector<float> z = model.logits(row);
+    std::size_t best = 0;
+    for (std::size_t t = 1; t < z.size(); ++t)
+        if (z[t] > z[best]) best = t;
+    r.last_token = static_cast<std::int64_t>(best);
+    r.res.tokens.push_back(r.last_token);
+    double lse = 0.0;
+    const double zmax = z[best];
+    for (float x : z) lse += std::exp(static_cast<double>(x) - zmax);
+    lse = zmax + std::log(lse);
+    std::vector<double> logp(z.size());
+    for (std::size_t t = 0; t < z.size(); ++t) logp[t] = static_cast<double>(z[t]) - lse;
+    if (is_ref) {
+        ref_logp = std::move(logp);
+        return;
+    }
+    double kl = 0.0;
+    for (std::size_t t = 0; t < logp.size(); ++t) kl += std::exp(ref_logp[t]) * (ref_logp[t] - logp[t]);
+    r.res.kl_sum += std::max(kl, 0.0);  // >= 0 mathematically; rounding may leave -1e-17
+}
+
 inline int thread_count() {
 #ifdef _OPENMP
     return omp_get_max_threads();
@@ -495,7 +522,7 @@ inline RunResult run_engine(const Scenario& s, std::vector<PolicyToRun> policies
         if (r.p.name == "purekv") {
             result.purekv.enabled = true;
             result.purekv.policy = r.p.label;
-            result.purekv.params = purekv_params_from_json(r.p.params);
+            result.purekv.params = purekv_params_from_json(detail::without_keys(r.p.params, {"own_layer_scores"}));
             break;
         }
     const double nruns = static_cast<double>(runs.size());
@@ -603,12 +630,12 @@ inline RunResult run_engine(const Scenario& s, std::vector<PolicyToRun> policies
         }
         // The LM head on the last prompt row's final hidden state (the last row still in the sequence).
         std::int64_t token = -1;
+        std::vector<double> ref_logp;  // the dense run's log-probabilities at the current point
         for (std::size_t ri = 0; ri < runs.size(); ++ri) {
             Run& r = runs[ri];
             const std::span<const float> last(r.hidden.data() + (r.seq.size() - 1) * static_cast<std::size_t>(D),
                                               static_cast<std::size_t>(D));
-            r.last_token = model->lm_head(last);
-            r.res.tokens.push_back(r.last_token);
+            lm_head_point(r, *model, last, ri == 0, ref_logp);
             r.final_rows.assign(last.begin(), last.end());
             if (ri == 0) token = r.last_token;
             r.res.tokens_agree += r.last_token == runs[0].last_token;
@@ -637,8 +664,7 @@ inline RunResult run_engine(const Scenario& s, std::vector<PolicyToRun> policies
             }
             for (std::size_t ri = 0; ri < runs.size(); ++ri) {
                 Run& r = runs[ri];
-                r.last_token = model->lm_head(std::span<const float>(r.x));
-                r.res.tokens.push_back(r.last_token);
+                lm_head_point(r, *model, std::span<const float>(r.x), ri == 0, ref_logp);
                 r.final_rows.insert(r.final_rows.end(), r.x.begin(), r.x.end());
                 r.res.tokens_agree += r.last_token == runs[0].last_token;
             }

@@ -56,6 +56,7 @@ public:
     // hidden [m, D] += the layer's update from its attention output [m, H, d] (in place).
     virtual void update(std::int64_t l, std::span<float> hidden, std::span<const float> attn_out) const = 0;
     virtual std::int64_t lm_head(std::span<const float> hidden_row) const = 0;
+    virtual std::vector<float> logits(std::span<const float> hidden_row) const = 0;  // [vocab]; lm_head is their argmax
     virtual std::string describe() const = 0;
 };
 
@@ -141,6 +142,7 @@ public:
         m_.update(l, hidden, attn_out);
     }
     std::int64_t lm_head(std::span<const float> hidden_row) const override { return m_.lm_head(hidden_row); }
+    std::vector<float> logits(std::span<const float> hidden_row) const override { return m_.logits(hidden_row); }
     std::string describe() const override {
         return "residual-stream model (sim/residual.hpp: hidden " + std::to_string(m_.hidden_size()) + ", vocab " +
                std::to_string(m_.vocab()) + ", seed " + std::to_string(m_.params().seed) + ")";

@@ -22,7 +22,9 @@
 // reported as a fraction of the dense run's. Residual mode adds final_hidden_nmse (the final-layer
 // hidden states of the last prompt token and of every decode token against the dense run's) and
 // token_agreement (the share of the S + 1 LM-head tokens -- after the prefill and after each decode
-// step -- equal to the dense run's; every run is fed the dense run's tokens).
+// step -- equal to the dense run's; every run is fed the dense run's tokens) and kl_to_dense (at each of
+// the same S + 1 points, KL(p_dense || p) of the LM head's softmax distributions over the vocabulary, in
+// nats; mean over the points).
 // Include: <vlsparse/sim/metrics.hpp>
 #pragma once
 
@@ -78,6 +80,7 @@ struct PolicyResult {
     NmseAcc final_hidden_err;
     std::vector<std::int64_t> tokens;    // LM-head tokens (S + 1)
     std::int64_t tokens_agree = 0;
+    double kl_sum = 0.0;                 // sum over the S + 1 LM-head points of KL(p_dense || p), nats
     std::vector<float> final_hidden;     // [S + 1, D] final-layer hidden states (tests)
     // sweep (compare): which swept policy and value this run is
     std::string sweep_of, sweep_value;
@@ -140,6 +143,8 @@ struct PolicyResult {
     double token_agreement() const {
         return tokens.empty() ? 0.0 : static_cast<double>(tokens_agree) / static_cast<double>(tokens.size());
     }
+    // Mean over the S + 1 LM-head points of KL(p_dense || p) (residual mode; 0 for the dense run).
+    double kl_to_dense() const { return tokens.empty() ? 0.0 : kl_sum / static_cast<double>(tokens.size()); }
 };
 
 }  // namespace vlsparse::sim

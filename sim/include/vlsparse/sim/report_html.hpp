@@ -79,7 +79,7 @@ inline std::string report_html(const std::string& command, const Scenario& s, co
     {
         std::vector<std::string> head = {"policy", "value", "kept (KV)", "prefill FLOPs", "decode FLOPs", "KV bytes (end)",
                                          "NMSE prefill", "NMSE decode", "mass prefill", "mass decode"};
-        if (r.residual) head.insert(head.end(), {"hidden NMSE", "tokens agree"});
+        if (r.residual) head.insert(head.end(), {"hidden NMSE", "tokens agree", "KL to dense"});
         head.insert(head.end(), {"time (s)", "attention GFLOP/s"});
         std::vector<std::vector<std::string>> rows;
         for (const auto& p : runs) {
@@ -90,7 +90,8 @@ inline std::string report_html(const std::string& command, const Scenario& s, co
                                             text::pct(p.mass_prefill()), dec ? text::pct(p.mass_decode()) : "-"};
             if (r.residual) {
                 row.push_back(text::sci(p.final_hidden_err.value()));
-                row.push_back(text::pct(p.token_agreement(), 0));
+                row.push_back(text::agree(p.tokens_agree, p.tokens.size()));
+                row.push_back(text::sci(p.kl_to_dense()));
             }
             row.push_back(text::fix(p.wall_s(), 2));
             row.push_back(text::fix(p.gflops(s.model.head_dim), 1));
@@ -200,7 +201,7 @@ inline std::string report_html(const std::string& command, const Scenario& s, co
                 const std::string key = p.sweep_of.empty() ? p.label : p.sweep_of;
                 if (!index.count(key)) {
                     index[key] = out.size();
-                    out.push_back(svg::Series{key, {}, {}, svg::color(group_of[k]), {}, true});
+                    out.push_back(svg::Series{key, {}, {}, svg::color(group_of[k]), {}, true, true, 2.6, {}, {}});
                 }
                 auto& se = out[index[key]];
                 se.x.push_back(xval(p));
@@ -211,7 +212,7 @@ inline std::string report_html(const std::string& command, const Scenario& s, co
                 std::vector<std::size_t> o(se.x.size());
                 for (std::size_t i = 0; i < o.size(); ++i) o[i] = i;
                 std::sort(o.begin(), o.end(), [&](std::size_t a, std::size_t b) { return se.x[a] < se.x[b]; });
-                svg::Series t{se.name, {}, {}, se.colour, {}, true};
+                svg::Series t{se.name, {}, {}, se.colour, {}, true, true, 2.6, {}, {}};
                 for (auto i : o) {
                     t.x.push_back(se.x[i]);
                     t.y.push_back(se.y[i]);
@@ -336,9 +337,10 @@ inline std::string report_html(const std::string& command, const Scenario& s, co
          "that left the sequence are not outputs.</dd>\n"
          "<dt>mass prefill / decode</dt><dd>The dense run's attention probability (mean over query heads) of the last "
          "prompt token on the keys the cache keeps, and of each decode token on the keys its step reads.</dd>\n"
-         "<dt>hidden NMSE, tokens agree</dt><dd>Residual mode: NMSE of the final-layer hidden states (last prompt "
-         "token and every decode token) against the dense run, and the share of the S + 1 LM-head tokens equal to the "
-         "dense run's (every run is fed the dense run's tokens).</dd>\n"
+         "<dt>hidden NMSE, tokens agree, KL to dense</dt><dd>Residual mode: NMSE of the final-layer hidden states (last "
+         "prompt token and every decode token) against the dense run; the share of the S + 1 LM-head tokens equal to the "
+         "dense run's, with the count (every run is fed the dense run's tokens); and the mean over the same S + 1 points "
+         "of KL(p_dense || p) between the LM head's softmax distributions, in nats.</dd>\n"
          "<dt>time, GFLOP/s</dt><dd>Wall time spent on the policy (its decisions, attention, cache updates); attention "
          "FLOPs (4 d per pair) divided by the time inside the attention kernels.</dd>\n"
          "</dl>\n<p>docs/simulator.md has the full definitions.</p>\n</body></html>\n";

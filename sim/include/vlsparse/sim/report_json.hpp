@@ -10,7 +10,8 @@
 //              "summary": {"kept_ratio", "prefill_flops_ratio", "decode_flops_ratio", "flops_ratio",
 //                          "kv_ratio_prefill", "kv_ratio_end", "prefill_nmse", "decode_nmse",
 //                          "mass_prefill", "mass_decode", "wall_s", "attention_s", "attention_flops",
-//                          "gflops", ["final_hidden_nmse", "token_agreement", "tokens"]},
+//                          "gflops", ["final_hidden_nmse", "token_agreement", "tokens_agree", "tokens",
+//                          "kl_to_dense"]},
 //              "layers": [{"layer", "rows", "prefill_kind", "kept_ratio", "kept_ratio_end",
 //                          "prefill_pairs", "dense_prefill_pairs", "decode_pairs", "dense_decode_pairs",
 //                          "kv_bytes_prefill", "kv_bytes_end", "dense_kv_bytes_prefill", "dense_kv_bytes_end",
@@ -80,6 +81,8 @@ inline json to_json(const PolicyResult& p, std::int64_t head_dim) {
     if (p.residual) {
         sum["final_hidden_nmse"] = finite_or_null(p.final_hidden_err.value());
         sum["token_agreement"] = p.token_agreement();
+        sum["tokens_agree"] = p.tokens_agree;  // of tokens.size() = S + 1 points
+        sum["kl_to_dense"] = p.kl_to_dense();
         sum["tokens"] = p.tokens;
     }
     json layers = json::array();

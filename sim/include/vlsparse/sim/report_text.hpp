@@ -43,6 +43,13 @@ inline std::string fix(double x, int prec) {
     return b;
 }
 
+// Token agreement with its sample size: "88% (22/25)".
+inline std::string agree(std::int64_t agree, std::size_t of) {
+    if (of == 0) return "-";
+    return pct(static_cast<double>(agree) / static_cast<double>(of), 0) + " (" + std::to_string(agree) + "/" +
+           std::to_string(of) + ")";
+}
+
 // Columns right-aligned except the first; a header of one or two lines.
 class Table {
 public:
@@ -107,8 +114,8 @@ inline void print_run_table(std::FILE* f, const Scenario& s, const RunResult& r)
     std::vector<std::string> h1 = {"policy", "kept", "prefill", "decode", "KV bytes", "NMSE", "NMSE", "mass", "mass"};
     std::vector<std::string> h2 = {"", "(KV)", "FLOPs", "FLOPs", "(end)", "prefill", "decode", "prefill", "decode"};
     if (res) {
-        h1.insert(h1.end(), {"hidden", "tokens"});
-        h2.insert(h2.end(), {"NMSE", "agree"});
+        h1.insert(h1.end(), {"hidden", "tokens", "KL to"});
+        h2.insert(h2.end(), {"NMSE", "agree", "dense"});
     }
     h1.insert(h1.end(), {"time", "attention"});
     h2.insert(h2.end(), {"(s)", "GFLOP/s"});
@@ -125,7 +132,8 @@ inline void print_run_table(std::FILE* f, const Scenario& s, const RunResult& r)
                                         s.decode_steps > 0 ? text::pct(p.mass_decode()) : "-"};
         if (res) {
             row.push_back(text::sci(p.final_hidden_err.value()));
-            row.push_back(text::pct(p.token_agreement(), 0));
+            row.push_back(text::agree(p.tokens_agree, p.tokens.size()));
+            row.push_back(text::sci(p.kl_to_dense()));
         }
         row.push_back(text::fix(p.wall_s(), 2));
         row.push_back(text::fix(p.gflops(s.model.head_dim), 1));
@@ -154,11 +162,11 @@ inline void print_layer_tables(std::FILE* f, const Scenario& s, const RunResult&
 
 inline void print_sweep_table(std::FILE* f, const Scenario& s, const RunResult& r) {
     const bool res = r.residual;
-    std::vector<std::string> h1 = {"policy", "value", "kept", "FLOPs", "KV bytes", "NMSE", "NMSE", "mass"};
-    std::vector<std::string> h2 = {"", "", "(KV)", "(all)", "(end)", "prefill", "decode", "decode"};
+    std::vector<std::string> h1 = {"policy", "value", "kept", "FLOPs", "FLOPs", "KV bytes", "NMSE", "NMSE", "mass"};
+    std::vector<std::string> h2 = {"", "", "(KV)", "(all)", "decode", "(end)", "prefill", "decode", "decode"};
     if (res) {
-        h1.insert(h1.end(), {"hidden", "tokens"});
-        h2.insert(h2.end(), {"NMSE", "agree"});
+        h1.insert(h1.end(), {"hidden", "tokens", "KL to"});
+        h2.insert(h2.end(), {"NMSE", "agree", "dense"});
     }
     text::Table t(h1, h2);
     for (const auto& p : r.runs) {
@@ -166,13 +174,15 @@ inline void print_sweep_table(std::FILE* f, const Scenario& s, const RunResult& 
                                         p.sweep_value.empty() ? "-" : p.sweep_value,
                                         text::pct(p.kept_ratio()),
                                         text::pct(p.flops_ratio()),
+                                        s.decode_steps > 0 ? text::pct(p.decode_flops_ratio()) : "-",
                                         text::pct(p.kv_ratio_end()),
                                         text::sci(p.prefill_nmse()),
                                         s.decode_steps > 0 ? text::sci(p.decode_nmse()) : "-",
                                         s.decode_steps > 0 ? text::pct(p.mass_decode()) : text::pct(p.mass_prefill())};
         if (res) {
             row.push_back(text::sci(p.final_hidden_err.value()));
-            row.push_back(text::pct(p.token_agreement(), 0));
+            row.push_back(text::agree(p.tokens_agree, p.tokens.size()));
+            row.push_back(text::sci(p.kl_to_dense()));
         }
         t.row(row);
     }

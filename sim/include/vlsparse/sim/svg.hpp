@@ -52,6 +52,9 @@ struct Series {
     std::string colour;  // "" = palette by index
     std::vector<std::string> point_labels;  // optional, shown as tooltips
     bool in_legend = true;                  // false: drawn, but not listed (e.g. a sweep's other points)
+    bool line = true;                       // false: markers only (with ChartOptions::lines)
+    double radius = 2.6;                    // of the markers
+    std::vector<double> y_lo, y_hi;         // optional, one per point: a vertical bar from y_lo to y_hi
 };
 
 struct ChartOptions {
@@ -175,10 +178,19 @@ inline std::string line_chart(const std::vector<Series>& series, const ChartOpti
         const auto& se = series[k];
         const std::string col = se.colour.empty() ? color(k) : se.colour;
         std::string pts;
+        const bool lines = o.lines && se.line;
+        if (se.y_lo.size() == se.x.size() && se.y_hi.size() == se.x.size())
+            for (std::size_t i = 0; i < se.x.size(); ++i) {
+                const double lo = se.y_lo[i], hi = se.y_hi[i];
+                if (!std::isfinite(lo) || !std::isfinite(hi) || (o.log_y && (lo <= 0 || hi <= 0)) || hi <= lo) continue;
+                s += "<line x1=\"" + num(X(se.x[i]), 6) + "\" x2=\"" + num(X(se.x[i]), 6) + "\" y1=\"" +
+                     num(Y(std::clamp(lo, ymin, ymax)), 6) + "\" y2=\"" + num(Y(std::clamp(hi, ymin, ymax)), 6) +
+                     "\" stroke=\"" + col + "\" stroke-width=\"1\"/>\n";
+            }
         for (std::size_t i = 0; i < se.x.size(); ++i) {
             const double y = se.y[i];
             if (!std::isfinite(y) || (o.log_y && y <= 0)) {
-                if (o.lines && !pts.empty()) {
+                if (lines && !pts.empty()) {
                     s += "<polyline fill=\"none\" stroke=\"" + col + "\" stroke-width=\"1.5\" points=\"" + pts + "\"/>\n";
                     pts.clear();
                 }
@@ -187,7 +199,7 @@ inline std::string line_chart(const std::vector<Series>& series, const ChartOpti
             const double yc = std::clamp(y, ymin, ymax);
             pts += num(X(se.x[i]), 6) + "," + num(Y(yc), 6) + " ";
         }
-        if (o.lines && !pts.empty())
+        if (lines && !pts.empty())
             s += "<polyline fill=\"none\" stroke=\"" + col + "\" stroke-width=\"1.5\" points=\"" + pts + "\"/>\n";
         for (std::size_t i = 0; i < se.x.size(); ++i) {
             const double y = se.y[i];
@@ -195,7 +207,7 @@ inline std::string line_chart(const std::vector<Series>& series, const ChartOpti
             const std::string tip = se.name + (i < se.point_labels.size() ? " " + se.point_labels[i] : "") + ": (" +
                                     num(se.x[i]) + ", " + num(y) + ")";
             s += "<circle cx=\"" + num(X(se.x[i]), 6) + "\" cy=\"" + num(Y(std::clamp(y, ymin, ymax)), 6) +
-                 "\" r=\"2.6\" fill=\"" + col + "\"><title>" + esc(tip) + "</title></circle>\n";
+                 "\" r=\"" + num(se.radius) + "\" fill=\"" + col + "\"><title>" + esc(tip) + "</title></circle>\n";
         }
         if (!se.in_legend) continue;
         const double ly = top + 6 + 15.0 * static_cast<double>(legend_row++);
