@@ -9,6 +9,10 @@
 //                          nullopt (causal dense); sparse_prefill = false (PureKV evicts after a full
 //                          or ST-masked prefill); no rows leave the sequence
 //   decode:                reads every cached position, never evicts (DecodeReadsAll)
+// Ablation (issue 16): own_layer_scores = true makes every layer above l0 score its keys with its OWN
+// window attention (Eq. 2-3 with s^l) instead of reusing l0's (Eq. 4): what the cross-layer estimate
+// saves, against what it costs in fidelity. Layers up to l0 are unchanged. Not a PureKVParams key
+// (the golden files and the GPU estimator follow the paper); the simulator's `own_layer_scores`.
 // PureKV scores every position of the prompt, so it needs all rows (positions 0..n-1) in every layer.
 // Include: <vlsparse/policies/purekv_policy.hpp> (or <vlsparse/vlsparse.hpp>).
 #pragma once
@@ -23,8 +27,9 @@ namespace vlsparse {
 
 struct PureKVPolicy : DecodeReadsAll {
     PureKVParams params;
+    bool own_layer_scores = false;  // the ablation above: layers > l0 use their own window scores
     PureKVPolicy() = default;
-    explicit PureKVPolicy(const PureKVParams& p) : params(p) {}
+    explicit PureKVPolicy(const PureKVParams& p, bool own_scores = false) : params(p), own_layer_scores(own_scores) {}
 
     std::string_view name() const { return "purekv"; }
     void begin(const Layout& layout, const ModelShape& shape) { est_.emplace(params, layout, shape); }
@@ -37,8 +42,13 @@ struct PureKVPolicy : DecodeReadsAll {
         detail::require(detail::is_identity(pos) && static_cast<std::int64_t>(pos.size()) == in.layout->n(), fn,
                         "PureKV needs every position of the prompt in every layer (", pos.size(), " of ",
                         in.layout->n(), " rows present); it does not combine with policies that drop rows");
-        if (est_->needs_scores(in.layer)) est_->observe(in.layer, in.q, in.k);
-        PureKVSelection s = est_->select(in.layer, in.v);
+        PureKVSelection s;
+        if (own_layer_scores && in.layer > params.l0) {
+            s = simd::purekv_select(simd::purekv_window_scores(in.q, in.k, in.layer, params), in.v, in.layer, params);
+        } else {
+            if (est_->needs_scores(in.layer)) est_->observe(in.layer, in.q, in.k);
+            s = est_->select(in.layer, in.v);
+        }
         PrefillDecision d;
         d.kv = std::move(s.selection);
         if (est_->masked(in.layer)) d.mask = *est_->block_mask();

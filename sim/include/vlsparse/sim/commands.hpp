@@ -18,6 +18,8 @@
 #include "vlsparse/masks/flops.hpp"
 #include "vlsparse/masks/render.hpp"
 #include "vlsparse/policies/blindsight.hpp"
+#include "vlsparse/sim/characterize.hpp"
+#include "vlsparse/sim/claims.hpp"
 #include "vlsparse/sim/cli.hpp"
 #include "vlsparse/sim/engine.hpp"
 #include "vlsparse/sim/export.hpp"
@@ -26,6 +28,7 @@
 #include "vlsparse/sim/report_json.hpp"
 #include "vlsparse/sim/report_text.hpp"
 #include "vlsparse/sim/scenario.hpp"
+#include "vlsparse/sim/sweep.hpp"
 
 namespace vlsparse::sim {
 
@@ -183,6 +186,111 @@ inline int cmd_compare(Args& a) {
     return 0;
 }
 
+// A comma-separated list of budgets: "0.1,0.2,30%" (a trailing % divides by 100).
+inline std::vector<double> parse_budgets(const Args& a, const std::string& v) {
+    std::vector<double> r;
+    std::size_t p = 0;
+    while (p <= v.size()) {
+        const std::size_t e = std::min(v.find(',', p), v.size());
+        std::string item = v.substr(p, e - p);
+        double div = 1.0;
+        if (!item.empty() && item.back() == '%') item.pop_back(), div = 100.0;
+        r.push_back(a.number("--budgets", item) / div);
+        p = e + 1;
+    }
+    return r;
+}
+
+inline int cmd_sweep(Args& a) {
+    detail::ReportPaths o;
+    SweepOptions so;
+    while (!a.empty()) {
+        if (a.flag("-h") || a.flag("--help")) {
+            std::fputs(kSweepUsage, stdout);
+            return 0;
+        }
+        if (auto v = a.value("--seeds")) so.seeds = a.integer("--seeds", *v, 1, 1000);
+        else if (auto v1 = a.value("--budgets")) so.budgets = parse_budgets(a, *v1);
+        else if (auto v2 = a.value("--x")) {
+            if (*v2 == "kept") so.axis = SweepAxis::kept;
+            else if (*v2 == "flops") so.axis = SweepAxis::flops;
+            else a.fail("--x: '" + *v2 + "', expected kept or flops");
+        } else if (auto v3 = a.value("--out")) o.out = *v3;
+        else if (auto v4 = a.value("--html")) o.html = *v4;
+        else if (auto v5 = a.value("--json")) o.json = *v5;
+        else if (auto v6 = a.value("--set")) o.sets.push_back(*v6);
+        else if (a.flag("--no-html")) o.no_html = true;
+        else if (a.flag("--quiet")) o.quiet = true;
+        else if (!a.peek().empty() && a.peek()[0] == '-') a.fail("unknown option '" + a.peek() + "'");
+        else if (!o.scenario) o.scenario = a.next();
+        else a.fail("unexpected argument '" + a.peek() + "' (one scenario file at most)");
+    }
+    check_sweep_options(so, "vlsparse-sim sweep");
+    const Scenario s = detail::load_with_sets(o.scenario, o.sets);
+    detail::check_report_paths(o, "sim-sweep.html");
+    check_memory(s, sweep_policies(s).size() + 1);
+    print_header(stdout, "sweep", s, nullptr);
+    std::printf("  seeds    %lld (%llu..%llu); budgets on the %s axis\n", static_cast<long long>(so.seeds),
+                static_cast<unsigned long long>(s.seed), static_cast<unsigned long long>(s.seed + static_cast<std::uint64_t>(so.seeds - 1)),
+                to_string(so.axis));
+    std::fflush(stdout);
+    Progress progress(!o.quiet);
+    const SweepResult R = run_sweep(s, so, [](const Scenario& si) { return sweep_policies(si); }, &progress);
+    std::printf("  source   %s\n  threads  %d\n\n", R.source.c_str(), R.threads);
+    print_sweep_tables(stdout, R);
+    std::printf("\nwall time %.2f s (%d thread(s), %lld seed(s), %zu runs).\n", R.wall_s, R.threads,
+                static_cast<long long>(so.seeds), R.points.size());
+    if (o.json) {
+        write_text_file(*o.json, sweep_json(s, R).dump(2) + "\n", "JSON report");
+        std::printf("JSON report: %s\n", o.json->c_str());
+    }
+    if (!o.no_html) {
+        const std::filesystem::path html = o.html ? std::filesystem::path(*o.html) : o.out / "sim-sweep.html";
+        write_text_file(html, sweep_html(s, R), "HTML report");
+        std::printf("HTML report: %s\n", std::filesystem::absolute(html).lexically_normal().string().c_str());
+    }
+    return 0;
+}
+
+inline int cmd_claims(Args& a) {
+    std::optional<std::string> file, json_out;
+    std::vector<std::string> sets;
+    ClaimsOptions co;
+    bool quiet = false;
+    while (!a.empty()) {
+        if (a.flag("-h") || a.flag("--help")) {
+            std::fputs(kClaimsUsage, stdout);
+            return 0;
+        }
+        if (auto v = a.value("--seeds")) co.seeds = a.integer("--seeds", *v, 1, 1000);
+        else if (auto v1 = a.value("--prompts")) co.prompts = a.integer("--prompts", *v1, 1, 10000);
+        else if (auto v2 = a.value("--json")) json_out = *v2;
+        else if (auto v3 = a.value("--set")) sets.push_back(*v3);
+        else if (a.flag("--quiet")) quiet = true;
+        else if (!a.peek().empty() && a.peek()[0] == '-') a.fail("unknown option '" + a.peek() + "'");
+        else if (!file) file = a.next();
+        else a.fail("unexpected argument '" + a.peek() + "' (one scenario file at most)");
+    }
+    const Scenario s = detail::load_with_sets(file, sets);
+    if (json_out) check_writable(*json_out, "JSON report");
+    print_header(stdout, "claims", s, nullptr);
+    std::fflush(stdout);
+    Progress progress(!quiet);
+    const ClaimsResult R = run_claims(s, co, &progress);
+    std::string seeds;
+    for (auto x : R.seeds) seeds += (seeds.empty() ? "" : ", ") + std::to_string(x);
+    std::printf("  source   %s\n  seeds    %s\n\n", R.source.c_str(), seeds.c_str());
+    print_claims(stdout, R);
+    std::printf("\nwall time %.2f s. What each row runs and its criterion: vlsparse-sim claims --help; which results the\n"
+                "generator plants: docs/simulator.md (The papers' claims).\n",
+                R.wall_s);
+    if (json_out) {
+        write_text_file(*json_out, claims_json(s, R).dump(2) + "\n", "JSON report");
+        std::printf("JSON report: %s\n", json_out->c_str());
+    }
+    return 0;
+}
+
 inline int cmd_characterize(Args& a) {
     std::optional<std::string> file, svg_out;
     std::string out = "blindsight-head-map.json";
@@ -223,55 +331,11 @@ inline int cmd_characterize(Args& a) {
         std::printf("note: a residual source is one model and one prompt; calibrating on its dense run alone\n");
         prompts = 1;
     }
-    // Synthetic prompts of ONE model: the head roles come from the scenario's seed (model_seed), the
-    // content from seed, seed + 1, ... (sim/synthetic.hpp), so the calibration transfers across prompts.
-    if (s.source.kind == SourceKind::synthetic && !s.source.params.contains("model_seed"))
-        s.source.params["model_seed"] = static_cast<std::int64_t>(s.seed);
-    const std::int64_t L = s.model.layers, H = s.model.heads, n = s.n();
-    std::vector<TemplateCounts> counts(static_cast<std::size_t>(L * H));
     Progress progress(!quiet);
-    progress.start(static_cast<double>(prompts * L));
     const auto t0 = std::chrono::steady_clock::now();
-    for (std::int64_t pi = 0; pi < prompts; ++pi) {
-        Scenario sp = s;
-        sp.seed = s.seed + static_cast<std::uint64_t>(pi);
-        sp.decode_steps = 0;
-        std::unique_ptr<PlainSource> src;
-        std::vector<DumpLayer> dense;  // residual: the dense run's layers
-        if (sp.source.kind == SourceKind::residual) {
-            std::vector<std::int64_t> tokens;
-            dense = detail::export_residual_dense(sp, tokens);
-        } else {
-            src = make_plain_source(sp);
-        }
-        for (std::int64_t l = 0; l < L; ++l) {
-            LayerQKV x;
-            if (src) {
-                x = src->layer(l);
-            } else {
-                x.rows = n;
-                x.q = std::move(dense[static_cast<std::size_t>(l)].q);
-                x.k = std::move(dense[static_cast<std::size_t>(l)].k);
-                x.v = std::move(dense[static_cast<std::size_t>(l)].v);
-            }
-            const View3<const float> q(x.q.data(), {n, H, s.model.head_dim}),
-                k(x.k.data(), {n, s.model.kv_heads, s.model.head_dim}), v(x.v.data(), {n, s.model.kv_heads, s.model.head_dim});
-            const auto ch = simd::characterize_prompt(q, k, v, s.layout, P);
-            for (std::int64_t h = 0; h < H; ++h) counts[static_cast<std::size_t>(l * H + h)].add(ch[static_cast<std::size_t>(h)].chosen);
-            progress.advance(1.0, "prompt " + std::to_string(pi + 1) + "/" + std::to_string(prompts) + ", layer " +
-                                      std::to_string(l + 1) + "/" + std::to_string(L));
-        }
-    }
-    progress.finish();
-    HeadMap map;
-    map.layers = L;
-    map.heads = H;
-    map.kv_heads = s.model.kv_heads;
-    map.head_dim = s.model.head_dim;
-    map.prompts = prompts;
-    map.params = P;
-    map.map = aggregate(counts, P);
+    const HeadMap map = characterize_model(s, prompts, P, &progress);
     save_head_map(map, out);
+    const std::int64_t L = s.model.layers;
 
     print_header(stdout, "characterize", s, nullptr);
     std::printf("  prompts  %lld (seeds %llu..%llu); alpha %.3g, gamma_c %.3g, gamma_s %.3g, gamma_d %.3g\n\n",
@@ -496,7 +560,7 @@ inline int sim_main(int argc, char** argv) {
     if (!args.empty() && !args[0].empty() && args[0][0] != '-') {
         const std::string& c = args[0];
         if (c == "run" || c == "compare" || c == "characterize" || c == "masks" || c == "golden" || c == "policies" ||
-            c == "export") {
+            c == "export" || c == "sweep" || c == "claims") {
             cmd = c;
             args.erase(args.begin());
         } else if (!(c.size() > 5 && c.compare(c.size() - 5, 5, ".json") == 0)) {
@@ -508,6 +572,8 @@ inline int sim_main(int argc, char** argv) {
         Args a(args, cmd);
         if (cmd == "run") return cmd_run(a);
         if (cmd == "compare") return cmd_compare(a);
+        if (cmd == "sweep") return cmd_sweep(a);
+        if (cmd == "claims") return cmd_claims(a);
         if (cmd == "characterize") return cmd_characterize(a);
         if (cmd == "masks") return cmd_masks(a);
         if (cmd == "golden") return cmd_golden(a);

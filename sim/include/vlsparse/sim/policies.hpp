@@ -215,7 +215,7 @@ inline const std::vector<PolicyInfo>& policy_registry() {
                          return ZipVLPolicy(P);
                      },
                      "tau",
-                     detail::numbers({0.8, 0.9, 0.95, 0.975, 0.99, 0.999})});
+                     detail::numbers({0.6, 0.7, 0.8, 0.9, 0.95, 0.975})});
         r.push_back({"avl",
                      "A-VL: per-image kept/core budgets, core-only decode steps refreshed every K steps",
                      detail::avl_params_json(AvlParams{}),
@@ -227,8 +227,9 @@ inline const std::vector<PolicyInfo>& policy_registry() {
                          return AvlPolicy(P);
                      },
                      "",
-                     {json{{"rate", 0.2}, {"compute_rate", 0.5}}, json{{"rate", 0.5}, {"compute_rate", 0.7}},
-                      json{{"rate", 0.7}, {"compute_rate", 0.85}}, json{{"rate", 0.9}, {"compute_rate", 0.95}}}});
+                     {json{{"rate", 0.97}, {"compute_rate", 0.985}}, json{{"rate", 0.9}, {"compute_rate", 0.95}},
+                      json{{"rate", 0.8}, {"compute_rate", 0.9}}, json{{"rate", 0.7}, {"compute_rate", 0.85}},
+                      json{{"rate", 0.6}, {"compute_rate", 0.8}}, json{{"rate", 0.5}, {"compute_rate", 0.7}}}});
         {
             json d = to_json(BlindSightParams{});
             r.push_back({"blindsight",
@@ -296,7 +297,8 @@ inline const std::vector<PolicyInfo>& policy_registry() {
                      },
                      "",
                      {json{{"heavy", 0.05}, {"recent", 0.05}}, json{{"heavy", 0.1}, {"recent", 0.1}},
-                      json{{"heavy", 0.2}, {"recent", 0.1}}, json{{"heavy", 0.35}, {"recent", 0.15}}}});
+                      json{{"heavy", 0.15}, {"recent", 0.15}}, json{{"heavy", 0.2}, {"recent", 0.2}},
+                      json{{"heavy", 0.25}, {"recent", 0.25}}, json{{"heavy", 0.35}, {"recent", 0.35}}}});
         r.push_back({"snapkv", "SnapKV: observation window + pooled window attention, a fixed capacity per KV head",
                      detail::snapkv_json(SnapKVParams{}),
                      {},
@@ -314,7 +316,7 @@ inline const std::vector<PolicyInfo>& policy_registry() {
                          return SnapKVPolicy(P);
                      },
                      "capacity",
-                     detail::numbers({0.1, 0.2, 0.3, 0.5, 0.7})});
+                     detail::numbers({0.1, 0.2, 0.3, 0.4, 0.5, 0.7})});
         r.push_back({"streamingllm", "StreamingLLM: the first sinks + the most recent tokens (a rolling window in decode)",
                      detail::streamingllm_json(StreamingLLMParams{}),
                      {},
@@ -328,7 +330,7 @@ inline const std::vector<PolicyInfo>& policy_registry() {
                          return StreamingLLMPolicy(P);
                      },
                      "recent",
-                     detail::numbers({0.1, 0.2, 0.3, 0.5, 0.7})});
+                     detail::numbers({0.05, 0.1, 0.2, 0.3, 0.5, 0.7})});
         r.push_back({"fastv", "FastV: after layer K-1, only the top (1 - R) of the image tokens stay in the sequence",
                      detail::fastv_json(FastVParams{}),
                      {},
@@ -344,7 +346,7 @@ inline const std::vector<PolicyInfo>& policy_registry() {
                          return FastVPolicy(P);
                      },
                      "rate",
-                     detail::numbers({0.25, 0.5, 0.75, 0.9})});
+                     detail::numbers({0.25, 0.5, 0.7, 0.8, 0.9, 0.97})});
         r.push_back({"random", "random: a seeded random share of the image tokens in every layer (a floor to beat)",
                      detail::random_json(RandomParams{}),
                      {},
@@ -359,7 +361,7 @@ inline const std::vector<PolicyInfo>& policy_registry() {
                          return RandomPolicy(P);
                      },
                      "keep",
-                     detail::numbers({0.1, 0.3, 0.5, 0.7})});
+                     detail::numbers({0.04, 0.1, 0.2, 0.3, 0.5, 0.7})});
         r.push_back({"fixed_ratio", "fixed ratio: an evenly spread (or first / last) share of the image tokens",
                      detail::fixed_ratio_json(FixedRatioParams{}),
                      {},
@@ -373,21 +375,29 @@ inline const std::vector<PolicyInfo>& policy_registry() {
                          return FixedRatioPolicy(P);
                      },
                      "keep",
-                     detail::numbers({0.1, 0.3, 0.5, 0.7})});
+                     detail::numbers({0.04, 0.1, 0.2, 0.3, 0.5, 0.7})});
         r.push_back({"purekv",
                      "PureKV: cross-layer importance (layer l0's window scores x ||V||), eviction to a budget, "
-                     "ST-SpAttn masks on video",
+                     "ST-SpAttn masks on video (ablation: own_layer_scores=true, every layer scores itself)",
                      to_json(PureKVParams{}),
-                     {},
+                     {"own_layer_scores"},
                      [](const json& p, const JsonWhere& w, const PolicyContext&) -> AnyPolicy {
-                         check_params_like(p, to_json(PureKVParams{}), w);
+                         check_params_like(p, to_json(PureKVParams{}), w, {"own_layer_scores"});
+                         bool own = false;
+                         if (const json* o = find_key(p, "own_layer_scores")) {
+                             if (!o->is_boolean())
+                                 w.key("own_layer_scores").fail("expected true or false, got " + json_repr(*o));
+                             own = o->get<bool>();
+                         }
+                         const json base = detail::without_keys(p, {"own_layer_scores"});
                          const PureKVParams P =
-                             with_json_path(p, w, [&] { return purekv_params_from_json(p, w.path + "."); });
-                         return PureKVPolicy(P);
+                             with_json_path(p, w, [&] { return purekv_params_from_json(base, w.path + "."); });
+                         return PureKVPolicy(P, own);
                      },
                      "",
                      {json{{"budget", "fraction"}, {"budget_fraction", 0.1}}, json{{"budget", "fraction"}, {"budget_fraction", 0.2}},
-                      json{{"budget", "fraction"}, {"budget_fraction", 0.3}}, json{{"budget", "fraction"}, {"budget_fraction", 0.5}}}});
+                      json{{"budget", "fraction"}, {"budget_fraction", 0.3}}, json{{"budget", "fraction"}, {"budget_fraction", 0.4}},
+                      json{{"budget", "fraction"}, {"budget_fraction", 0.5}}, json{{"budget", "fraction"}, {"budget_fraction", 0.7}}}});
         return r;
     }();
     return reg;
