@@ -15,6 +15,7 @@
 
 #include "common.hpp"
 
+#include "vlsparse/attention/batched_decode.hpp"
 #include "vlsparse/attention/decode.hpp"
 #include "vlsparse/io/blindsight_json.hpp"
 #include "vlsparse/io/params_json.hpp"
@@ -28,6 +29,7 @@
 #include "vlsparse/policies/purekv.hpp"
 #include "vlsparse/policies/zipvl.hpp"
 #include "vlsparse/reference/avl.hpp"
+#include "vlsparse/reference/batched_decode.hpp"
 #include "vlsparse/reference/avl_golden.hpp"
 #include "vlsparse/reference/baselines.hpp"
 #include "vlsparse/reference/baselines_golden.hpp"
@@ -48,6 +50,7 @@ struct ReferenceBackend {
     template <class... A> static void dense(A&&... a) { reference::dense_attention(std::forward<A>(a)...); }
     template <class... A> static void sparse(A&&... a) { reference::sparse_attention(std::forward<A>(a)...); }
     template <class... A> static void decode(A&&... a) { reference::decode_attention(std::forward<A>(a)...); }
+    template <class... A> static void batched_decode(A&&... a) { reference::batched_decode_attention(std::forward<A>(a)...); }
     template <class... A> static auto zipvl_select(A&&... a) { return reference::zipvl_select(std::forward<A>(a)...); }
     template <class... A> static void zipvl_prefill(A&&... a) { reference::zipvl_prefill(std::forward<A>(a)...); }
     template <class... A> static auto avl_scores(A&&... a) { return reference::avl_scores(std::forward<A>(a)...); }
@@ -75,6 +78,7 @@ struct SimdBackend {
     template <class... A> static void dense(A&&... a) { simd::dense_attention(std::forward<A>(a)...); }
     template <class... A> static void sparse(A&&... a) { simd::sparse_attention(std::forward<A>(a)...); }
     template <class... A> static void decode(A&&... a) { simd::decode_attention(std::forward<A>(a)...); }
+    template <class... A> static void batched_decode(A&&... a) { simd::batched_decode_attention(std::forward<A>(a)...); }
     template <class... A> static auto zipvl_select(A&&... a) { return simd::zipvl_select(std::forward<A>(a)...); }
     template <class... A> static void zipvl_prefill(A&&... a) { simd::zipvl_prefill(std::forward<A>(a)...); }
     template <class... A> static auto avl_scores(A&&... a) { return simd::avl_scores(std::forward<A>(a)...); }
@@ -220,6 +224,71 @@ void bind_backend(py::module_& m) {
     }, "q"_a, "k"_a, "v"_a, py::kw_only(), "scale"_a = 0.0f, "check_finite"_a = true,
        "One decode step: q [H, d] (the newest token) attends to every cached row, k, v [m, H_kv, d] (its own "
        "K/V included, positions 0 .. m-1) -> out [H, d] float32.");
+
+    m.def("batched_decode_attention", [](py::array q, py::array k, py::array v, py::object seq_lens, py::object q_indptr,
+                                         py::object block_table, py::object list_indptr, py::object list_indices,
+                                         std::int32_t lists_per_seq, float scale, bool check_finite) {
+        constexpr const char* fn = "batched_decode_attention";
+        Inputs in = inputs(fn, {{"q", q}, {"k", k}, {"v", v}});
+        py::array& K = in.arrays[1];
+        py::array& Vv = in.arrays[2];
+        detail::require(K.ndim() == 4 && Vv.ndim() == 4, fn, "k and v have ", K.ndim(), " and ", Vv.ndim(),
+                        " dimensions, expected 4: [B, capacity, H_kv, d] (contiguous) or [n_pages, page_size, H_kv, d] "
+                        "(paged; an HND pool as a transposed view)");
+        // One set of strides describes both K and V, with head_dim contiguous: otherwise both are copied.
+        const auto item = K.itemsize();
+        bool same = K.strides(3) == item;
+        for (int i = 0; i < 4; ++i) same = same && K.shape(i) == Vv.shape(i) && K.strides(i) == Vv.strides(i);
+        if (!same) {
+            auto np = py::module_::import("numpy");
+            K = py::array::ensure(np.attr("ascontiguousarray")(K));
+            Vv = py::array::ensure(np.attr("ascontiguousarray")(Vv));
+        }
+        using I32 = py::array_t<std::int32_t, py::array::c_style | py::array::forcecast>;
+        auto i32 = [&](const py::object& o, const char* name) {
+            I32 a = I32::ensure(o);
+            detail::require(a && a.ndim() <= 2, fn, name, ": expected an array of integers");
+            return a;
+        };
+        const auto lens = i32(seq_lens, "seq_lens");
+        const auto qptr = q_indptr.is_none() ? I32(0) : i32(q_indptr, "q_indptr");
+        const auto table = block_table.is_none() ? I32(0) : i32(block_table, "block_table");
+        const auto lptr = list_indptr.is_none() ? I32(0) : i32(list_indptr, "list_indptr");
+        const auto lidx = list_indices.is_none() ? I32(0) : i32(list_indices, "list_indices");
+        detail::require(list_indptr.is_none() == list_indices.is_none(), fn, "list_indptr and list_indices go together");
+        detail::require(block_table.is_none() || table.ndim() == 2, fn, "block_table has ", table.ndim(),
+                        " dimensions, expected 2: [batch, pages per sequence]");
+        auto out = new_like(q, 3, fn);
+        const auto batch = static_cast<std::int32_t>(lens.size());
+        const std::int32_t paged = block_table.is_none() ? 0 : 1;
+        dispatch(in.dtype, [&](auto tag) {
+            using T = typename decltype(tag)::type;
+            const auto Q = view<T, 3>(in.arrays[0], fn, "q");
+            const auto e = static_cast<std::int64_t>(sizeof(T));
+            KvBatchView<const T> cache{static_cast<const T*>(K.data()), static_cast<const T*>(Vv.data()),
+                                       paged ? batch : static_cast<std::int32_t>(K.shape(0)), static_cast<std::int32_t>(K.shape(2)),
+                                       static_cast<std::int32_t>(K.shape(3)), K.shape(1), K.strides(0) / e, K.strides(1) / e,
+                                       K.strides(2) / e, paged ? K.shape(0) : 0, paged ? table.data() : nullptr,
+                                       paged ? table.shape(1) : 0, lens.data()};
+            detail::require(paged || K.shape(0) == batch, fn, "k holds ", K.shape(0), " sequences, seq_lens ", batch, "; expected equal");
+            const BatchRowLists lists{list_indptr.is_none() ? nullptr : lptr.data(), list_indptr.is_none() ? nullptr : lidx.data(),
+                                      lists_per_seq};
+            const DecodeBatchHost meta{std::span<const std::int32_t>(lens.data(), static_cast<std::size_t>(lens.size())),
+                                       std::span<const std::int32_t>(qptr.data(), static_cast<std::size_t>(qptr.size())),
+                                       std::span<const std::int32_t>(lptr.data(), static_cast<std::size_t>(lptr.size())),
+                                       lists_per_seq};
+            py::gil_scoped_release nogil;
+            B::batched_decode(Q, cache, lists, meta, out3(out), attention_options(scale, check_finite));
+        });
+        return out;
+    }, "q"_a, "k"_a, "v"_a, "seq_lens"_a, py::kw_only(), "q_indptr"_a = py::none(), "block_table"_a = py::none(),
+       "list_indptr"_a = py::none(), "list_indices"_a = py::none(), "lists_per_seq"_a = 1, "scale"_a = 0.0f,
+       "check_finite"_a = true,
+       "A decode step of a batch, reading the caches in place (<vlsparse/kv/kv_batch.hpp>): q [total_q, H, d]; k, v "
+       "[B, capacity, H_kv, d] (contiguous) or, with block_table [B, pages per sequence], a page pool [n_pages, "
+       "page_size, H_kv, d] (NHD; an HND pool [n_pages, H_kv, page_size, d] passed as .transpose(0, 2, 1, 3)); "
+       "seq_lens [B] rows each sequence holds (the new tokens included); q_indptr [B + 1] for several queries per "
+       "sequence; list_indptr / list_indices: CSR row lists (lists_per_seq 1 or H_kv) -> out [total_q, H, d] float32.");
 
     // ---- ZipVL
     m.def("zipvl_select", [](py::array q, py::array k, py::object layout, std::int64_t layer, py::object params,

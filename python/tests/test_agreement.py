@@ -203,3 +203,62 @@ def test_inputs_are_not_copied(rng):
             peak = tracemalloc.get_traced_memory()[1]
             tracemalloc.stop()
             assert (peak >= q.nbytes) == copied, (backend.__name__, copied, peak)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_batched_decode(rng, dtype):
+    # Three sequences in a contiguous [B, capacity, H_kv, d] cache, the same in a shuffled page pool
+    # (NHD, and HND through a transposed view), and with row lists: each against one-sequence decode.
+    H, Hkv, d, P, cap = 8, 2, 32, 4, 24
+    lens = np.array([5, 24, 13], np.int32)
+    k = to_dtype(rng.standard_normal((3, cap, Hkv, d)), dtype)
+    v = to_dtype(rng.standard_normal((3, cap, Hkv, d)), dtype)
+    q = to_dtype(rng.standard_normal((3, H, d)), dtype)
+    want = np.stack([ref.decode_attention(q[b], k[b, :n], v[b, :n]) for b, n in enumerate(lens)])
+    for B in (ref, simd):
+        assert_attention(B.batched_decode_attention(q, k, v, lens), want, "contiguous")
+    pages = rng.permutation(3 * cap // P).astype(np.int32).reshape(3, cap // P)  # sequence b, page i -> pool page
+    pool_k, pool_v = np.empty((3 * cap // P, P, Hkv, d), k.dtype), np.empty((3 * cap // P, P, Hkv, d), v.dtype)
+    for b in range(3):
+        for i in range(cap // P):
+            pool_k[pages[b, i]], pool_v[pages[b, i]] = k[b, i * P:(i + 1) * P], v[b, i * P:(i + 1) * P]
+    hnd_k = np.ascontiguousarray(pool_k.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+    hnd_v = np.ascontiguousarray(pool_v.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+    for B in (ref, simd):
+        assert_attention(B.batched_decode_attention(q, pool_k, pool_v, lens, block_table=pages), want, "paged NHD")
+        assert_attention(B.batched_decode_attention(q, hnd_k, hnd_v, lens, block_table=pages), want, "paged HND")
+    # One list per KV head and sequence: the rows it reads.
+    lists = [[np.sort(rng.choice(n, max(1, n // 2), replace=False)) for _ in range(Hkv)] for n in lens]
+    for b in range(3):  # the newest row must be visible to the new token: keep it
+        for g in range(Hkv):
+            lists[b][g] = np.union1d(lists[b][g], [lens[b] - 1])
+    flat = [lst for per_seq in lists for lst in per_seq]
+    indptr = np.concatenate([[0], np.cumsum([len(x) for x in flat])]).astype(np.int32)
+    indices = np.concatenate(flat).astype(np.int32)
+    want_l = np.empty_like(want)
+    for b in range(3):
+        for g in range(Hkv):
+            rows = lists[b][g]
+            heads = slice(g * H // Hkv, (g + 1) * H // Hkv)
+            want_l[b, heads] = ref.decode_attention(q[b, heads], k[b, rows, g][:, None], v[b, rows, g][:, None])
+    for B in (ref, simd):
+        got = B.batched_decode_attention(q, k, v, lens, list_indptr=indptr, list_indices=indices, lists_per_seq=Hkv)
+        assert_attention(got, want_l, "row lists")
+
+
+def test_batched_decode_reads_the_pool_in_place(rng):
+    import tracemalloc
+    n_pages, P, Hkv, d = 256, 16, 4, 64  # an 4 MiB fp32 pool per K and V
+    pool = rng.standard_normal((n_pages, P, Hkv, d), dtype=np.float32)
+    table = np.arange(8, dtype=np.int32).reshape(1, 8)
+    q = rng.standard_normal((1, 8, d), dtype=np.float32)
+    for B in (ref, simd):
+        tracemalloc.start()
+        B.batched_decode_attention(q, pool, pool, np.array([100], np.int32), block_table=table)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert peak < pool.nbytes // 8, peak
+    with pytest.raises(vlsparse.Error, match="block"):
+        ref.batched_decode_attention(q, pool, pool, np.array([100], np.int32), block_table=table + 300)
+    with pytest.raises(vlsparse.Error, match="expected 4"):
+        ref.batched_decode_attention(q, pool[0], pool[0], np.array([10], np.int32))
