@@ -397,3 +397,61 @@ TEST_CASE("sim claims: end to end on a small scenario", "[sim][claims]") {
     CHECK(e2.rc == 2);
     CHECK_THAT(e2.err, Contains("--prompts: '0' is not an integer in [1, 10000]"));
 }
+
+TEST_CASE("sim realism: uniform attention gives the closed-form statistics", "[sim][realism]") {
+    // q = 0: every row attends uniformly to the keys at or before it
+    const Layout layout = Layout::parse("text:4,image:20,text:8");
+    const ModelShape m{1, 2, 1, 8};
+    const std::int64_t n = layout.n();
+    std::vector<float> q(static_cast<std::size_t>(n * 2 * 8), 0.0f), k(static_cast<std::size_t>(n * 8)), v(k.size(), 1.0f);
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd;
+    for (auto& x : k) x = nd(rng);
+    RealismOptions o;
+    o.window = 8;
+    std::vector<double> scores;
+    const LayerRealism r = measure_layer(layout, m, 0, q.data(), k.data(), v.data(), o, scores);
+    double first = 0, sinks = 0, local = 0;
+    for (std::int64_t i = n / 4; i < n; ++i) {  // 24 rows: all of [8, 32)
+        first += 1.0 / double(i + 1);
+        sinks += 2.0 / double(i + 1);  // ceil(0.1 * 20) = 2 image sinks, positions 4 and 5
+        local += 5.0 / double(i + 1);  // keys i - 4 .. i
+    }
+    CHECK(r.first_token_mass == Approx(first / 24).epsilon(1e-12));
+    CHECK(r.image_sink_mass == Approx(sinks / 24).epsilon(1e-12));
+    CHECK(r.local_mass == Approx(local / 24).epsilon(1e-12));
+    CHECK(r.entropy == Approx(1.0).epsilon(1e-12));
+    CHECK(r.head_entropy_std == Approx(0.0).margin(1e-12));
+    CHECK(r.diffuse_share == 1.0);
+    REQUIRE(scores.size() == 24);  // the keys before the window of 8
+    CHECK(r.heavy_share == Approx(2.0 / 24).epsilon(1e-9));  // equal scores: the top 5% (2 keys) hold 2/24
+}
+
+TEST_CASE("sim realism: the generator's planted head kinds show in the statistics", "[sim][realism]") {
+    auto measure = [](const char* kind) {
+        json j = sweep_small_json(0);
+        j["source"] = {{"kind", "synthetic"}, {"params", {{"head_kinds", json::array({kind, kind, kind, kind})}}}};
+        return measure_realism(scenario_from_json(j, kind), RealismOptions{});
+    };
+    const RealismResult sink = measure("sink"), local = measure("local"), diffuse = measure("diffuse");
+    REQUIRE(sink.layers.size() == 3);
+    CHECK(sink.mean.first_token_mass + sink.mean.image_sink_mass > 2 * (local.mean.first_token_mass + local.mean.image_sink_mass));
+    CHECK(local.mean.local_mass > 2 * sink.mean.local_mass);
+    CHECK(diffuse.mean.entropy > sink.mean.entropy);
+    CHECK(diffuse.mean.entropy > local.mean.entropy);
+    CHECK(std::isfinite(sink.layers[0].rho_next));
+    CHECK(std::isnan(sink.layers[2].rho_next));  // no next layer
+    // the command line: table, JSON, bad input
+    const fs::path f = sweep_write_scenario(sweep_small_json(0), "realism");
+    const Out r = sweep_cli({"realism", f.string(), "--quiet", "--json", (f.parent_path() / "r.json").string()});
+    INFO(r.out << r.err);
+    REQUIRE(r.rc == 0);
+    CHECK_THAT(r.out, Contains("rho"));
+    std::ifstream jf(f.parent_path() / "r.json");
+    const json j = json::parse(jf);
+    CHECK(j["format"] == "vlsparse.sim.realism");
+    CHECK(j["layers"].size() == 3);
+    const Out e = sweep_cli({"realism", f.string(), "--rows", "0"});
+    CHECK(e.rc == 2);
+    CHECK_THAT(e.err, Contains("--rows: '0' is not an integer in [1, 1048576]"));
+}

@@ -120,6 +120,7 @@ inline const char* kTopUsage =
     "  compare [SCENARIO.json]    sweep each policy's budget or threshold: fidelity against cost\n"
     "  sweep [SCENARIO.json]      compare's sweeps over several seeds, fidelity at matched budgets\n"
     "  claims [SCENARIO.json]     the four papers' central claims measured at matched budgets, with verdicts\n"
+    "  realism [SCENARIO.json]    attention statistics of the source (sinks, locality, entropy, cross-layer)\n"
     "  characterize [SCENARIO]    BlindSight calibration (Algorithms 1 + 2) over several prompts -> head map\n"
     "  masks [SCENARIO | --layout SPEC]   the mask templates of a prompt as SVG pictures\n"
     "  golden verify DIR --golden golden/ALGORITHM/CASE\n"
@@ -214,6 +215,25 @@ inline const char* kClaimsUsage =
     "  --seeds N          seeds (the scenario's seed, seed + 1, ...; default 3; a dump source: 1)\n"
     "  --prompts N        BlindSight calibration prompts per seed, synthetic source (default 4)\n"
     "  --json FILE        also write the rows and their numbers as JSON\n"
+    "  --set PATH=VALUE   override a scenario key (see run --help)\n"
+    "  --quiet            no progress bar\n"
+    "  -h, --help         this text\n";
+
+inline const char* kRealismUsage =
+    "usage: vlsparse-sim realism [SCENARIO.json] [options]\n"
+    "\n"
+    "Measures, per layer of the scenario's source (synthetic; residual: its dense run; dump: the recorded\n"
+    "model), the attention statistics the papers' methods rely on, so that a synthetic scenario can be\n"
+    "compared with a model's dump on the same numbers: mass on token 0 and on the first 10% of every image\n"
+    "(sinks), mass on the last local-radius + 1 keys (locality), normalized entropy, its spread over heads\n"
+    "and the share of diffuse heads (head diversity), the share of PureKV's window scores on the top 5% of\n"
+    "keys (heavy hitters), and Spearman of those scores against the next layer's (cross-layer consistency).\n"
+    "The query rows are spread evenly over [n/4, n), the last one included.\n"
+    "\n"
+    "options:\n"
+    "  --rows N           query rows per layer (default 64)\n"
+    "  --local-radius R   locality: keys i - R .. i (default 4)\n"
+    "  --json FILE        also write the numbers as JSON\n"
     "  --set PATH=VALUE   override a scenario key (see run --help)\n"
     "  --quiet            no progress bar\n"
     "  -h, --help         this text\n";

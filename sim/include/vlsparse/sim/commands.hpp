@@ -20,6 +20,7 @@
 #include "vlsparse/policies/blindsight.hpp"
 #include "vlsparse/sim/characterize.hpp"
 #include "vlsparse/sim/claims.hpp"
+#include "vlsparse/sim/realism.hpp"
 #include "vlsparse/sim/cli.hpp"
 #include "vlsparse/sim/engine.hpp"
 #include "vlsparse/sim/export.hpp"
@@ -286,6 +287,45 @@ inline int cmd_claims(Args& a) {
                 R.wall_s);
     if (json_out) {
         write_text_file(*json_out, claims_json(s, R).dump(2) + "\n", "JSON report");
+        std::printf("JSON report: %s\n", json_out->c_str());
+    }
+    return 0;
+}
+
+inline int cmd_realism(Args& a) {
+    std::optional<std::string> file, json_out;
+    std::vector<std::string> sets;
+    RealismOptions ro;
+    bool quiet = false;
+    while (!a.empty()) {
+        if (a.flag("-h") || a.flag("--help")) {
+            std::fputs(kRealismUsage, stdout);
+            return 0;
+        }
+        if (auto v = a.value("--rows")) ro.rows = a.integer("--rows", *v, 1, 1 << 20);
+        else if (auto v1 = a.value("--local-radius")) ro.local_radius = a.integer("--local-radius", *v1, 0, 1 << 20);
+        else if (auto v2 = a.value("--json")) json_out = *v2;
+        else if (auto v3 = a.value("--set")) sets.push_back(*v3);
+        else if (a.flag("--quiet")) quiet = true;
+        else if (!a.peek().empty() && a.peek()[0] == '-') a.fail("unknown option '" + a.peek() + "'");
+        else if (!file) file = a.next();
+        else a.fail("unexpected argument '" + a.peek() + "' (one scenario file at most)");
+    }
+    const Scenario s = detail::load_with_sets(file, sets);
+    if (json_out) check_writable(*json_out, "JSON report");
+    print_header(stdout, "realism", s, nullptr);
+    std::fflush(stdout);
+    Progress progress(!quiet);
+    const RealismResult R = measure_realism(s, ro, &progress);
+    std::printf("  source   %s\n  rows     %lld query rows per layer over [n/4, n); local radius %lld tokens\n\n",
+                R.source.c_str(), static_cast<long long>(ro.rows), static_cast<long long>(ro.local_radius));
+    print_realism(stdout, R);
+    std::printf("\nmasses: mean attention probability of the sampled rows (all heads) on token 0, on the first 10%% of\n"
+                "every image, on the last local-radius + 1 keys; entropy normalized by ln(i + 1); diffuse heads: mean\n"
+                "normalized entropy > 0.75; heavy: share of PureKV's window scores on the top 5%% of keys; rho: Spearman\n"
+                "of those scores against the next layer's. docs/simulator-sources.md defines them.\n");
+    if (json_out) {
+        write_text_file(*json_out, realism_json(s, R, ro).dump(2) + "\n", "JSON report");
         std::printf("JSON report: %s\n", json_out->c_str());
     }
     return 0;
@@ -560,7 +600,7 @@ inline int sim_main(int argc, char** argv) {
     if (!args.empty() && !args[0].empty() && args[0][0] != '-') {
         const std::string& c = args[0];
         if (c == "run" || c == "compare" || c == "characterize" || c == "masks" || c == "golden" || c == "policies" ||
-            c == "export" || c == "sweep" || c == "claims") {
+            c == "export" || c == "sweep" || c == "claims" || c == "realism") {
             cmd = c;
             args.erase(args.begin());
         } else if (!(c.size() > 5 && c.compare(c.size() - 5, 5, ".json") == 0)) {
@@ -574,6 +614,7 @@ inline int sim_main(int argc, char** argv) {
         if (cmd == "compare") return cmd_compare(a);
         if (cmd == "sweep") return cmd_sweep(a);
         if (cmd == "claims") return cmd_claims(a);
+        if (cmd == "realism") return cmd_realism(a);
         if (cmd == "characterize") return cmd_characterize(a);
         if (cmd == "masks") return cmd_masks(a);
         if (cmd == "golden") return cmd_golden(a);
