@@ -345,7 +345,7 @@ template <class TC, int D, int NQB>
 void launch_decode(const DecodeArgs<TC>& args, int n_items, cudaStream_t stream, const char* fn) {
     constexpr std::size_t shm = decode_smem_bytes<TC, D, NQB>();
     auto* kernel = decode_kernel<TC, D, NQB>;
-    static const cudaError_t attr =
+    const cudaError_t attr =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
     check_cuda(attr, fn, "cudaFuncSetAttribute");
     kernel<<<static_cast<unsigned>(n_items), kDecodeThreads, shm, stream>>>(args);
@@ -356,7 +356,7 @@ template <int D, int NQB>
 void launch_decode_mma(const DecodeArgs<bfloat16>& args, int n_items, cudaStream_t stream, const char* fn) {
     constexpr std::size_t shm = decode_mma_smem_bytes<D, NQB>();
     auto* kernel = decode_mma_kernel<D, NQB>;
-    static const cudaError_t attr =
+    const cudaError_t attr =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
     check_cuda(attr, fn, "cudaFuncSetAttribute");
     kernel<<<static_cast<unsigned>(n_items), kDecodeThreads, shm, stream>>>(args);

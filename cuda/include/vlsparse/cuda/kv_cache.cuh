@@ -133,6 +133,7 @@ __global__ void __launch_bounds__(kKvThreads)
 }
 
 // seq_lens[b] += a_b, after kv_append_kernel has read the old lengths.
+template <int Unused = 0>
 __global__ void kv_add_lengths_kernel(std::int32_t* seq_lens, const std::int32_t* indptr, std::int32_t batch) {
     for (std::int64_t b = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; b < batch;
          b += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
@@ -289,6 +290,7 @@ __global__ void __launch_bounds__(kKvThreads) kv_compact_kernel(KvCompactParams 
 // One block, after kv_compact_kernel: for every compacted sequence (in order) lists the pages past
 // its kept rows -- slots ceil(m / P) .. ceil(old / P) - 1 -- into `freed` at the running offset (a
 // block-wide scan of the per-sequence counts), sets those slots to -1, and writes seq_lens[b] = m.
+template <int Unused = 0>
 __global__ void __launch_bounds__(kKvThreads) kv_release_kernel(KvCompactParams p) {
     __shared__ std::int64_t scan[kKvThreads];
     __shared__ std::int64_t carry;
@@ -522,7 +524,7 @@ std::int64_t kv_compact(KvBatchView<T> cache, std::span<std::int32_t> seq_lens_h
         else if (unit == 4) kv_launch_compact<unsigned>(p, blocks, stream, fn);
         else kv_launch_compact<unsigned short>(p, blocks, stream, fn);
     }
-    kv_release_kernel<<<1, kKvThreads, 0, stream>>>(p);
+    kv_release_kernel<><<<1, kKvThreads, 0, stream>>>(p);
     check_launch(fn, "kv_release_kernel");
     for (std::int64_t b = 0; b < B; ++b)
         seq_lens_host[static_cast<std::size_t>(b)] = static_cast<std::int32_t>(kept(b));
@@ -638,7 +640,7 @@ void kv_batch_append(KvBatchView<T> cache, std::span<std::int32_t> seq_lens_host
             detail::kv_append_kernel<T, TIm, false><<<detail::kv_grid(items), detail::kKvThreads, 0, stream>>>(
                 cache, k_new, v_new, new_indptr, total_new, positions, new_positions);
         detail::check_launch(fn, "kv_append_kernel");
-        detail::kv_add_lengths_kernel<<<detail::kv_grid(B), detail::kKvThreads, 0, stream>>>(
+        detail::kv_add_lengths_kernel<><<<detail::kv_grid(B), detail::kKvThreads, 0, stream>>>(
             const_cast<std::int32_t*>(cache.seq_lens), new_indptr, cache.batch);
         detail::check_launch(fn, "kv_add_lengths_kernel");
     }

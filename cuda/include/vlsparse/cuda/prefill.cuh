@@ -84,6 +84,7 @@ namespace detail {
 inline constexpr int kPrefillBadList = 1;  // report code of prefill_check_lists_kernel
 
 // One block per list: entries ascending, unique, in [0, n), and the device indptr equal to the host's.
+template <int Unused = 0>
 __global__ void prefill_check_lists_kernel(const std::int32_t* indptr, const std::int32_t* indices,
                                            const std::int32_t* indptr_host_copy, int lists, int n,
                                            long long* report) {
@@ -202,6 +203,7 @@ void launch_prefill_d(const PrefillArgs& a, dim3 grid, PrefillKernel kernel, cud
 }
 
 // 1 when the kernel's WG instantiation runs wgmma on the current device (sm_90a code loaded), else 0.
+template <int Unused = 0>
 __global__ void prefill_wgmma_probe_kernel(int* out) { *out = VLSPARSE_CUDA_HAS_WGMMA; }
 
 // Launches the kernel, with the status word and the final wait when opt.check_finite.
@@ -237,7 +239,7 @@ inline bool prefill_uses_wgmma() {
     constexpr const char* fn = "cuda::prefill_uses_wgmma";
     if (!detail::prefill_device_is_sm90(fn)) return false;
     DeviceArray<int> flag(1);
-    detail::prefill_wgmma_probe_kernel<<<1, 1>>>(flag.data());
+    detail::prefill_wgmma_probe_kernel<><<<1, 1>>>(flag.data());
     detail::check_launch(fn, "prefill_wgmma_probe_kernel");
     int h = 0;
     detail::check_cuda(cudaMemcpy(&h, flag.data(), sizeof(int), cudaMemcpyDeviceToHost), fn, "cudaMemcpy");
@@ -301,7 +303,7 @@ void sparse_prefill_attention(View3<const T> q, View3<const T> k, View3<const T>
         detail::check_cuda(cudaMemsetAsync(rep, 0xff, sizeof(long long), stream), fn, "cudaMemsetAsync");
         detail::check_cuda(cudaMemcpyAsync(host_copy, lists.indptr.data(), ib, cudaMemcpyHostToDevice, stream), fn,
                            "cudaMemcpyAsync");
-        detail::prefill_check_lists_kernel<<<static_cast<unsigned>(L), 256, 0, stream>>>(
+        detail::prefill_check_lists_kernel<><<<static_cast<unsigned>(L), 256, 0, stream>>>(
             lists.indptr_dev, lists.indices, host_copy, static_cast<int>(L), static_cast<int>(n), rep);
         detail::check_launch(fn, "prefill_check_lists_kernel");
         unsigned long long r = 0;

@@ -221,7 +221,7 @@ public:
         detail::check_launch(fn, "zipvl_scores_kernel");
         {
             auto* kf = detail::zipvl_finish_kernel<>;
-            static const cudaError_t attr = cudaFuncSetAttribute(
+            const cudaError_t attr = cudaFuncSetAttribute(
                 kf, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(detail::select_smem_bytes(detail::kSelectCacheMax)));
             detail::check_cuda(attr, fn, "cudaFuncSetAttribute");
             kf<<<static_cast<unsigned>(G), detail::kSelectThreads, detail::select_smem_bytes(f.cached), stream>>>(f);

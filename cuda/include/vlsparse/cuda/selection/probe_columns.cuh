@@ -109,7 +109,7 @@ void launch_probe_mma(ProbeArgs& a, cudaStream_t stream, const char* fn) {
                     static_cast<unsigned>(a.rsplit));
     {
         auto* k1 = probe_cols_mma_kernel<T, D, true>;
-        static const cudaError_t attr = cudaFuncSetAttribute(k1, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
+        const cudaError_t attr = cudaFuncSetAttribute(k1, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
         check_cuda(attr, fn, "cudaFuncSetAttribute");
         k1<<<grid, kProbeThreads, shm, stream>>>(a);
         check_launch(fn, "probe_cols_mma_kernel (pass 1)");
@@ -121,7 +121,7 @@ void launch_probe_mma(ProbeArgs& a, cudaStream_t stream, const char* fn) {
     }
     {
         auto* k2 = probe_cols_mma_kernel<T, D, false>;
-        static const cudaError_t attr = cudaFuncSetAttribute(k2, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
+        const cudaError_t attr = cudaFuncSetAttribute(k2, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
         check_cuda(attr, fn, "cudaFuncSetAttribute");
         k2<<<grid, kProbeThreads, shm, stream>>>(a);
         check_launch(fn, "probe_cols_mma_kernel (pass 2)");
