@@ -133,6 +133,8 @@ TEST_CASE("cuda baselines: the golden/baselines cases (scores and kept sets)", "
                 check_close(got, rows(want, G), "h2o scores");
                 REQUIRE(mask(h2o_select_from_scores(got, P), c.n) == out("kept_mask").template to_vector<std::uint8_t>());
                 REQUIRE(sc.h2o_select(qv, kv, P).indices == h2o_select_from_scores(got, P).indices);
+                sc.fill_workspace(0xff);
+                REQUIRE(mask(sc.h2o_device_select(qv, kv, P).to_host(), c.n) == out("kept_mask").template to_vector<std::uint8_t>());
             } else if (c.baseline == "snapkv") {
                 const SnapKVParams P = snapkv_params_from_json(c.params, "params.");
                 const auto raw = out("window_scores").template to_vector<double>();
@@ -142,10 +144,15 @@ TEST_CASE("cuda baselines: the golden/baselines cases (scores and kept sets)", "
                 const auto got = sc.snapkv_pooled_scores(qv, kv, P);
                 check_close(got, rows(pooled, G), "snapkv pooled");
                 REQUIRE(mask(sc.snapkv_select(qv, kv, P), c.n) == out("kept_mask").template to_vector<std::uint8_t>());
+                sc.fill_workspace(0xff);
+                REQUIRE(mask(sc.snapkv_device_select(qv, kv, P).to_host(), c.n) == out("kept_mask").template to_vector<std::uint8_t>());
             } else {
                 const FastVParams P = fastv_params_from_json(c.params, "params.");
                 check_close(sc.fastv_scores(qv, kv), out("scores").template to_vector<double>(), "fastv scores");
                 REQUIRE(mask(sc.fastv_select(qv, kv, c.layout, P), c.n) == out("sequence_mask").template to_vector<std::uint8_t>());
+                sc.fill_workspace(0xff);
+                REQUIRE(mask(sc.fastv_device_select(qv, kv, c.layout, P).to_host(), c.n) ==
+                        out("sequence_mask").template to_vector<std::uint8_t>());
             }
             ++checked;
         };
@@ -171,4 +178,134 @@ TEST_CASE("cuda baselines: errors", "[cuda][baselines]") {
     cuda::DeviceArray<bfloat16> knd(kn);
     REQUIRE_THROWS_WITH(sc.fastv_scores(qv, View3<const bfloat16>(knd.data(), {n, Hkv, d})), Contains("NaN or Inf"));
     REQUIRE_NOTHROW(sc.fastv_scores(qv, kv));  // still usable
+}
+
+namespace {
+
+// The device lists against the CPU paths' selection code run on the same fp32 scores (copied back by
+// the host-side scorer): the same lists exactly, ties included, and the same scores.
+template <class T>
+void device_select_case(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::int64_t d, const std::string& spec,
+                        bool zero_q, std::uint64_t seed, cuda::BaselineScorer& sc) {
+    SplitMix64 rng(seed);
+    auto q = random_values<T>(static_cast<std::size_t>(n * H * d), 2.0, rng);
+    if (zero_q) std::fill(q.begin(), q.end(), from_float<T>(0.0f));  // uniform attention: every score ties
+    const auto k = random_values<T>(static_cast<std::size_t>(n * Hkv * d), 1.0, rng);
+    cuda::DeviceArray<T> qd(q), kd(k);
+    const View3<const T> qv(qd.data(), {n, H, d}), kv(kd.data(), {n, Hkv, d});
+    const Layout layout = Layout::parse(spec);
+    REQUIRE(layout.n() == n);
+    INFO("n " << n << " H " << H << " H_kv " << Hkv << " d " << d << " layout " << spec << " zero q " << zero_q);
+    for (auto groups : {BaselineGroups::kv_head, BaselineGroups::layer}) {
+        for (double heavy : {0.0, 0.1, 0.37, 0.9}) {
+            H2OParams P;
+            P.groups = groups;
+            P.heavy = TokenBudget::ratio(heavy);
+            P.recent = TokenBudget::tokens(std::min<std::int64_t>(n, 1 + static_cast<std::int64_t>(seed % 9)));
+            const auto host_scores = sc.h2o_scores(qv, kv, groups, P.attention());
+            const TokenSelection want = h2o_select_from_scores(host_scores, P);
+            sc.fill_workspace(0xff);
+            const TokenSelection got = sc.h2o_device_select(qv, kv, P).to_host();
+            INFO("h2o heavy " << heavy);
+            REQUIRE(got.indices == want.indices);
+            REQUIRE(got.scores == want.scores);
+        }
+        for (double cap : {0.05, 0.3, 0.75, 1.0}) {
+            SnapKVParams P;
+            P.groups = groups;
+            P.window = std::min<std::int64_t>(n, 1 + static_cast<std::int64_t>(seed % 13));
+            P.kernel = 3;
+            P.pooling = seed % 2 ? SnapKVPooling::max : SnapKVPooling::avg;
+            P.capacity = TokenBudget::tokens(std::max<std::int64_t>(P.window, static_cast<std::int64_t>(cap * static_cast<double>(n))));
+            const TokenSelection want = snapkv_select_from_pooled(sc.snapkv_pooled_scores(qv, kv, P), n, P);
+            sc.fill_workspace(0xff);
+            const TokenSelection got = sc.snapkv_device_select(qv, kv, P).to_host();
+            INFO("snapkv capacity " << P.capacity.count << " window " << P.window);
+            REQUIRE(got.indices == want.indices);
+            REQUIRE(got.scores == want.scores);
+        }
+    }
+    for (auto spans : {FastVSpans::joint, FastVSpans::per_image})
+        for (double rate : {0.0, 0.25, 0.5, 0.93, 0.999}) {
+            FastVParams P;
+            P.spans = spans;
+            P.rate = rate;
+            const TokenSelection want = fastv_select_from_scores(sc.fastv_scores(qv, kv, P.attention()), layout, P);
+            sc.fill_workspace(0xff);
+            const TokenSelection got = sc.fastv_device_select(qv, kv, layout, P).to_host();
+            INFO("fastv rate " << rate);
+            REQUIRE(got.indices == want.indices);
+            REQUIRE(got.scores == want.scores);
+        }
+}
+
+}  // namespace
+
+TEST_CASE("cuda baselines: device lists equal the CPU selection on the same scores (ties included)",
+          "[cuda][baselines][device_select]") {
+    cuda::BaselineScorer sc;
+    std::uint64_t seed = 20261125u;
+    device_select_case<bfloat16>(97, 8, 2, 64, "text:5,image:40,text:3,image:45,text:4", false, ++seed, sc);
+    device_select_case<bfloat16>(97, 8, 2, 64, "text:5,image:40,text:3,image:45,text:4", true, ++seed, sc);
+    device_select_case<vlsparse::half>(1000, 4, 4, 128, "text:31,image:576,text:9,image:380,text:4", false, ++seed, sc);
+    device_select_case<float>(300, 6, 3, 40, "image:300", false, ++seed, sc);
+    device_select_case<bfloat16>(40000, 4, 1, 64, "text:100,image:19900,text:50,image:19900,text:50", false, ++seed, sc);
+    device_select_case<bfloat16>(5000, 4, 2, 64, "text:10,image:4980,text:10", true, ++seed, sc);
+    device_select_case<bfloat16>(1, 2, 1, 64, "text:1", false, ++seed, sc);
+}
+
+TEST_CASE("cuda baselines: StreamingLLM, random and fixed-ratio lists on the device", "[cuda][baselines][device_select]") {
+    cuda::BaselineScorer sc;
+    const Layout layout = Layout::parse("text:7,image:64,text:3,image:100,text:9");
+    const std::int64_t n = layout.n();
+    for (std::int64_t sinks : {0, 4}) {
+        StreamingLLMParams P;
+        P.sinks = sinks;
+        P.recent = TokenBudget::ratio(0.3);
+        sc.fill_workspace(0xff);
+        const TokenSelection got = sc.streamingllm_device_select(n, P).to_host();
+        REQUIRE(got.indices == streamingllm_select(n, P).indices);
+        REQUIRE(sc.streamingllm_device_select(n, P).rows().lists_per_seq == 1);
+    }
+    for (auto scope : {BaselineScope::visual, BaselineScope::all}) {
+        RandomParams R;
+        R.scope = scope;
+        R.keep = TokenBudget::ratio(0.4);
+        for (std::int64_t layer : {0, 3})
+            REQUIRE(sc.random_device_select(layout, layer, R).to_host().indices == random_select(layout, layer, R).indices);
+        FixedRatioParams F;
+        F.scope = scope;
+        F.keep = TokenBudget::ratio(0.25);
+        const auto& d = sc.fixed_ratio_device_select(layout, F);
+        REQUIRE(d.to_host().indices == fixed_ratio_select(layout, F).indices);
+        REQUIRE(d.kept_ratio() == Approx(fixed_ratio_select(layout, F).kept_ratio()));
+    }
+}
+
+TEST_CASE("cuda baselines: device selection errors", "[cuda][baselines][device_select]") {
+    cuda::BaselineScorer sc;
+    const std::int64_t n = 64, H = 4, Hkv = 2, d = 64;
+    std::vector<bfloat16> q(static_cast<std::size_t>(n * H * d), bfloat16(0.5f)), k(static_cast<std::size_t>(n * Hkv * d), bfloat16(0.25f));
+    cuda::DeviceArray<bfloat16> qd(q), kd(k);
+    const View3<const bfloat16> qv(qd.data(), {n, H, d}), kv(kd.data(), {n, Hkv, d});
+    SnapKVParams S;
+    S.window = 16;
+    S.capacity = TokenBudget::tokens(8);
+    REQUIRE_THROWS_WITH(sc.snapkv_device_select(qv, kv, S), Contains("below window"));
+    S.window = n + 1;
+    REQUIRE_THROWS_WITH(sc.snapkv_device_select(qv, kv, S), Contains("larger than the prompt"));
+    REQUIRE_THROWS_WITH(sc.fastv_device_select(qv, kv, Layout::parse("text:10"), FastVParams{}), Contains("layout covers"));
+    std::vector<bfloat16> kn(k);
+    kn[77] = bfloat16(std::nanf(""));
+    cuda::DeviceArray<bfloat16> knd(kn);
+    H2OParams P;
+    P.heavy = TokenBudget::tokens(8);
+    P.recent = TokenBudget::tokens(8);
+    REQUIRE_THROWS_WITH(sc.h2o_device_select(qv, View3<const bfloat16>(knd.data(), {n, Hkv, d}), P), Contains("NaN or Inf"));
+    // Logits beyond fp32: the scores overflow.
+    std::vector<float> qb(static_cast<std::size_t>(n * H * d), 3e18f), kb(static_cast<std::size_t>(n * Hkv * d), 3e18f);
+    cuda::DeviceArray<float> qbd(qb), kbd(kb);
+    REQUIRE_THROWS_WITH(sc.h2o_device_select(View3<const float>(qbd.data(), {n, H, d}), View3<const float>(kbd.data(), {n, Hkv, d}), P),
+                        Contains("not finite"));
+    REQUIRE(sc.h2o_device_select(qv, kv, P).indptr.back() == 2 * 16);  // still usable: 8 heavy + 8 recent per KV head
 }

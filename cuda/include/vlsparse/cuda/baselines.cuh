@@ -40,6 +40,7 @@
 #include "vlsparse/core/selection.hpp"
 #include "vlsparse/core/tensor.hpp"
 #include "vlsparse/cuda/common.cuh"
+#include "vlsparse/cuda/selection/lists.cuh"
 #include "vlsparse/cuda/selection/probe_columns.cuh"
 #include "vlsparse/policies/baselines_params.hpp"
 
@@ -163,10 +164,107 @@ public:
         return fastv_select_from_scores(fastv_scores(q, k, P.attention(), stream), layout, P);
     }
 
+    // ---- Selections as device lists (cuda::DeviceSelection: ranked on the GPU, one synchronization) ----
+    // The same kept sets as the host selects above (the CPU paths' rules, exactly, on the same fp32
+    // scores); the lists stay on the device for the prefill, decode and KV compaction kernels. The
+    // result stays valid until the next *_device_select call of this scorer.
+
+    // H2O: per group, the last `recent` positions plus the top `heavy` of the others by accumulated
+    // attention (everything when heavy + recent >= n). Scores: a_j.
+    template <ElementType TQ, ElementType TK>
+    const DeviceSelection& h2o_device_select(View3<const TQ> q, View3<const TK> k, const H2OParams& P,
+                                             cudaStream_t stream = 0) {
+        constexpr const char* fn = "cuda::h2o_device_select";
+        P.validate(fn);
+        check(q, k, fn);
+        const std::int64_t n = q.shape[0];
+        std::vector<std::int64_t> rows(static_cast<std::size_t>(n));
+        std::iota(rows.begin(), rows.end(), std::int64_t{0});
+        const DeviceScores ds = device_scores(q, k, rows, P.groups == BaselineGroups::kv_head, n, P.attention(), -1, 0,
+                                              stream, fn);
+        const std::int64_t heavy = P.heavy.resolve(n), recent = std::min(P.recent.resolve(n), n);
+        const bool all = heavy + recent >= n;
+        lists_.begin(ds.G, n, all ? 0 : n - recent, n, {}, stream, fn);
+        if (!all)
+            for (std::int64_t g = 0; g < ds.G; ++g) lists_.rank(g, 0, n - recent, heavy);
+        return finish_scored(ds, 1.0, {}, stream, fn);
+    }
+
+    // SnapKV: per group, the window plus the top capacity - window prefix positions by pooled window
+    // attention (everything when n <= capacity). Scores: the pooled scores (0 on the window).
+    template <ElementType TQ, ElementType TK>
+    const DeviceSelection& snapkv_device_select(View3<const TQ> q, View3<const TK> k, const SnapKVParams& P,
+                                                cudaStream_t stream = 0) {
+        constexpr const char* fn = "cuda::snapkv_device_select";
+        P.validate(fn);
+        check(q, k, fn);
+        const std::int64_t n = q.shape[0];
+        detail::require(P.window <= n, fn, "window = ", P.window, " is larger than the prompt (n = ", n,
+                        "), expected 1 <= window <= n");
+        const std::int64_t C = P.capacity.resolve(n), L = n - P.window;
+        detail::require(C >= P.window, fn, "capacity = ", C, " tokens is below window = ", P.window,
+                        ", expected capacity >= window (the window is always kept)");
+        const int mode = P.pooling == SnapKVPooling::none ? 0 : (P.pooling == SnapKVPooling::avg ? 1 : 2);
+        const DeviceScores ds = device_scores(q, k, window_rows(n, P.window), P.groups == BaselineGroups::kv_head, L,
+                                              P.attention(), mode, static_cast<int>(P.kernel), stream, fn);
+        lists_.begin(ds.G, n, C >= n ? 0 : L, n, {}, stream, fn);
+        if (C < n)
+            for (std::int64_t g = 0; g < ds.G; ++g) lists_.rank(g, 0, L, C - P.window);
+        return finish_scored(ds, 1.0, {}, stream, fn);
+    }
+
+    // FastV: every non-visual token plus the top floor((1 - rate) m) visual tokens (jointly, or per
+    // image) by the last row's head-mean attention. One shared list. Scores: (1/H) sum_h A[h, n-1, j].
+    template <ElementType TQ, ElementType TK>
+    const DeviceSelection& fastv_device_select(View3<const TQ> q, View3<const TK> k, const Layout& layout,
+                                               const FastVParams& P, cudaStream_t stream = 0) {
+        constexpr const char* fn = "cuda::fastv_device_select";
+        P.validate(fn);
+        check(q, k, fn);
+        const std::int64_t n = q.shape[0];
+        layout.require_tokens(n, fn);
+        const std::vector<std::int64_t> last{n - 1};
+        const DeviceScores ds = device_scores(q, k, last, false, n, P.attention(), -1, 0, stream, fn);
+        std::vector<std::uint8_t> visual(static_cast<std::size_t>(n), 0), other(static_cast<std::size_t>(n), 1);
+        std::int64_t first = n, end = 0, m = 0;
+        for (const auto& s : layout.segments()) {
+            if (!s.is_visual()) continue;
+            for (std::int64_t p = s.start; p < s.end(); ++p) {
+                visual[static_cast<std::size_t>(p)] = 1;
+                other[static_cast<std::size_t>(p)] = 0;
+            }
+            first = std::min(first, s.start);
+            end = std::max(end, s.end());
+            m += s.length;
+        }
+        lists_.begin(1, n, 0, 0, other, stream, fn);
+        if (P.spans == FastVSpans::joint) {
+            lists_.rank(0, first, end, TokenBudget::ratio(1.0 - P.rate).resolve(m));
+            return finish_scored(ds, static_cast<double>(q.shape[1]), visual, stream, fn);
+        }
+        for (const auto& s : layout.segments())
+            if (s.is_visual()) lists_.rank(0, s.start, s.end(), TokenBudget::ratio(1.0 - P.rate).resolve(s.length));
+        return finish_scored(ds, static_cast<double>(q.shape[1]), {}, stream, fn);
+    }
+
+    // StreamingLLM, random and fixed ratio compute nothing: the CPU paths' lists, uploaded.
+    const DeviceSelection& streamingllm_device_select(std::int64_t n, const StreamingLLMParams& P, cudaStream_t stream = 0) {
+        return lists_.upload(streamingllm_select(n, P), stream, "cuda::streamingllm_device_select");
+    }
+    const DeviceSelection& random_device_select(const Layout& layout, std::int64_t layer, const RandomParams& P,
+                                                cudaStream_t stream = 0) {
+        return lists_.upload(random_select(layout, layer, P), stream, "cuda::random_device_select");
+    }
+    const DeviceSelection& fixed_ratio_device_select(const Layout& layout, const FixedRatioParams& P,
+                                                     cudaStream_t stream = 0) {
+        return lists_.upload(fixed_ratio_select(layout, P), stream, "cuda::fixed_ratio_device_select");
+    }
+
     // Tests: every byte of the device workspace set to `byte`. Synchronizes.
     void fill_workspace(int byte) {
         probe_.fill(byte, "cuda::BaselineScorer::fill_workspace");
         work_.fill(byte, "cuda::BaselineScorer::fill_workspace");
+        lists_.fill(byte, "cuda::BaselineScorer::fill_workspace");
     }
 
 private:
@@ -186,11 +284,17 @@ private:
         return rows;
     }
 
-    // Column sums of the probe rows' attention, per group, first L keys, optionally pooled; to the host.
+    // Column sums of the probe rows' attention, per group, first L keys, optionally pooled, on the device
+    // ([G][L], enqueued on `stream`, nothing synchronized); `status` the probe step's status word.
+    struct DeviceScores {
+        const float* data = nullptr;
+        const int* status = nullptr;
+        std::int64_t G = 0, L = 0;
+    };
     template <ElementType TQ, ElementType TK>
-    std::vector<std::vector<double>> scores(View3<const TQ> q, View3<const TK> k, const std::vector<std::int64_t>& rows,
-                                            bool per_kv_head, std::int64_t L, const AttentionOptions& opt, int pool_mode,
-                                            int kernel, cudaStream_t stream, const char* fn) {
+    DeviceScores device_scores(View3<const TQ> q, View3<const TK> k, const std::vector<std::int64_t>& rows,
+                               bool per_kv_head, std::int64_t L, const AttentionOptions& opt, int pool_mode, int kernel,
+                               cudaStream_t stream, const char* fn) {
         const std::int64_t n = q.shape[0], d = q.shape[2], Hkv = k.shape[1];
         const std::int64_t G = per_kv_head ? Hkv : 1;
         const double scale = ::vlsparse::detail::resolve_scale(opt, d, fn);
@@ -210,17 +314,25 @@ private:
                 detail::check_launch(fn, "pool1d_kernel");
             }
         }
-        const float* src = pool_mode >= 0 ? pooled : sums;
+        return {pool_mode >= 0 ? pooled : sums, pc.status, G, L};
+    }
+
+    // The same, copied to the host (one synchronization) and checked.
+    template <ElementType TQ, ElementType TK>
+    std::vector<std::vector<double>> scores(View3<const TQ> q, View3<const TK> k, const std::vector<std::int64_t>& rows,
+                                            bool per_kv_head, std::int64_t L, const AttentionOptions& opt, int pool_mode,
+                                            int kernel, cudaStream_t stream, const char* fn) {
+        const DeviceScores ds = device_scores(q, k, rows, per_kv_head, L, opt, pool_mode, kernel, stream, fn);
+        const std::int64_t G = ds.G;
         std::vector<float> host(static_cast<std::size_t>(G * L));
         int status = 0;
         if (!host.empty())
-            detail::check_cuda(cudaMemcpyAsync(host.data(), src, host.size() * sizeof(float), cudaMemcpyDeviceToHost, stream),
+            detail::check_cuda(cudaMemcpyAsync(host.data(), ds.data, host.size() * sizeof(float), cudaMemcpyDeviceToHost, stream),
                                fn, "cudaMemcpyAsync");
-        detail::check_cuda(cudaMemcpyAsync(&status, pc.status, sizeof(int), cudaMemcpyDeviceToHost, stream), fn,
+        detail::check_cuda(cudaMemcpyAsync(&status, ds.status, sizeof(int), cudaMemcpyDeviceToHost, stream), fn,
                            "cudaMemcpyAsync");
         detail::check_cuda(cudaStreamSynchronize(stream), fn, "cudaStreamSynchronize");
-        detail::require((status & detail::kInputNonFinite) == 0, fn,
-                        "q or k holds NaN or Inf (in k, or in a query row whose attention is scored)");
+        check_status(status, 0, fn);
         std::vector<std::vector<double>> out(static_cast<std::size_t>(G), std::vector<double>(static_cast<std::size_t>(L)));
         for (std::int64_t g = 0; g < G; ++g)
             for (std::int64_t j = 0; j < L; ++j) {
@@ -232,8 +344,30 @@ private:
         return out;
     }
 
+    static void check_status(int probe_status, int list_status, const char* fn) {
+        detail::require((probe_status & detail::kInputNonFinite) == 0, fn,
+                        "q or k holds NaN or Inf (in k, or in a query row whose attention is scored)");
+        detail::require((list_status & detail::kScoreBad) == 0, fn,
+                        "a score is not finite: an fp32 overflow of a logit (inputs too large for the scale)");
+    }
+
+    // The device lists of a scored selection: ranks ds with the builder's tasks, one synchronization.
+    const DeviceSelection& finish_scored(const DeviceScores& ds, double score_divisor, std::span<const std::uint8_t> eligible,
+                                         cudaStream_t stream, const char* fn) {
+        lists_.run_tasks(ds.data, ds.L, eligible, stream, fn);
+        lists_.finish(stream, fn, ds.status);
+        check_status(lists_.extra_status(), lists_.status(), fn);
+        DeviceSelection& r = lists_.result();
+        r.scores = ds.L > 0 ? ds.data : nullptr;
+        r.score_groups = ds.G;  // (every score 0 on the host when L = 0: the window is the whole prompt)
+        r.score_len = ds.L;
+        r.score_divisor = score_divisor;
+        return r;
+    }
+
     detail::ProbeColumns probe_;
     detail::GrowBuffer work_;
+    detail::ListBuilder lists_;
 };
 
 }  // namespace vlsparse::cuda

@@ -1,0 +1,403 @@
+// vlsparse/cuda/selection/lists.cuh -- kept sets as device lists, for every policy that ranks scores
+// on the GPU or hands over lists it built on the host (namespace vlsparse::cuda).
+//
+//   cuda::DeviceSelection   what a policy decided for one layer: CSR lists of kept positions on the device
+//                           (one list per group, ascending int32 positions), their bounds on the host,
+//                           optionally the ranked scores on the device; rows() is the form the decode
+//                           kernels and the KV compaction take, to_host() a TokenSelection.
+//   detail::ListBuilder     builds one: a keep mask per group (forced positions, then ranking tasks
+//                           "the top k of scores[g][lo, hi) among the eligible positions"), compacted
+//                           into the lists with one synchronization; or a host TokenSelection uploaded.
+//
+// The ranking is the library's one order (score descending, position ascending: core/topk.hpp),
+// computed exactly on the fp32 scores by the radix selection of select.cuh: given the same fp32 scores,
+// the device lists equal what topk_indices on the host keeps. Scores must be finite and >= 0 (every
+// policy's scores are attention mass or mass times a norm); anything else is an error.
+// Include: a policy front end (baselines.cuh, purekv.cuh, avl.cuh), from a .cu translation unit.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <span>
+#include <vector>
+
+#include "vlsparse/core/selection.hpp"
+#include "vlsparse/cuda/common.cuh"
+#include "vlsparse/cuda/selection/probe_columns.cuh"
+#include "vlsparse/cuda/selection/select.cuh"
+#include "vlsparse/kv/kv_batch.hpp"
+
+namespace vlsparse::cuda {
+
+// What a policy decided for one layer, on the device (lists, scores) and on the host (list bounds).
+struct DeviceSelection {
+    std::int64_t n = 0;                        // prompt length the positions index
+    std::vector<std::int32_t> indptr;          // host [lists + 1]
+    const std::int32_t* indices = nullptr;     // device [indptr.back()]: kept positions, list by list, ascending
+    const std::int32_t* indptr_dev = nullptr;  // device copy of indptr
+    // The scores the lists were ranked by (device [score_groups][score_len], row stride score_len; null when
+    // the policy ranks nothing). score_divisor: what they are divided by (in double, as the CPU paths do)
+    // to give the CPU paths' scores (H for FastV's and A-VL's head mean; 1 otherwise). Positions at or
+    // past score_len (a window) score 0 on the host.
+    const float* scores = nullptr;
+    std::int64_t score_groups = 0, score_len = 0;
+    double score_divisor = 1.0;
+
+    std::int64_t lists() const { return static_cast<std::int64_t>(indptr.size()) - 1; }
+    std::int64_t kept(std::int64_t list) const {
+        return indptr.at(static_cast<std::size_t>(list) + 1) - indptr.at(static_cast<std::size_t>(list));
+    }
+    // Mean over lists of |kept| / n, as TokenSelection::kept_ratio.
+    double kept_ratio() const {
+        if (n == 0 || lists() <= 0) return 0.0;
+        return static_cast<double>(indptr.back()) / (static_cast<double>(lists()) * static_cast<double>(n));
+    }
+    // The lists as batched_decode_attention and kv_batch_compact take them (a batch of one sequence):
+    // one list shared by every KV head, or one per KV head.
+    BatchRowLists rows() const { return {indptr_dev, indices, static_cast<std::int32_t>(lists())}; }
+    // A host copy as the CPU paths return it: lists, and scores [score_groups][n] (0 past score_len)
+    // divided by score_divisor. Synchronizes the device.
+    TokenSelection to_host() const {
+        constexpr const char* fn = "cuda::DeviceSelection::to_host";
+        TokenSelection s;
+        s.n = n;
+        s.indices.resize(static_cast<std::size_t>(std::max<std::int64_t>(lists(), 0)));
+        std::vector<std::int32_t> all(static_cast<std::size_t>(indptr.empty() ? 0 : indptr.back()));
+        if (!all.empty())
+            detail::check_cuda(cudaMemcpy(all.data(), indices, all.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost),
+                               fn, "cudaMemcpy");
+        for (std::int64_t l = 0; l < lists(); ++l)
+            s.indices[static_cast<std::size_t>(l)].assign(all.begin() + indptr[static_cast<std::size_t>(l)],
+                                                          all.begin() + indptr[static_cast<std::size_t>(l) + 1]);
+        if (score_groups > 0) {
+            std::vector<float> sc(static_cast<std::size_t>(score_groups * score_len));
+            if (!sc.empty() && scores)
+                detail::check_cuda(cudaMemcpy(sc.data(), scores, sc.size() * sizeof(float), cudaMemcpyDeviceToHost), fn,
+                                   "cudaMemcpy");
+            s.scores.assign(static_cast<std::size_t>(score_groups), std::vector<double>(static_cast<std::size_t>(n), 0.0));
+            for (std::int64_t g = 0; g < score_groups; ++g)
+                for (std::int64_t j = 0; j < std::min(score_len, n); ++j)
+                    s.scores[static_cast<std::size_t>(g)][static_cast<std::size_t>(j)] =
+                        static_cast<double>(sc[static_cast<std::size_t>(g * score_len + j)]) / score_divisor;
+        }
+        return s;
+    }
+};
+
+namespace detail {
+
+// One ranking task: the top k of scores[group][lo, hi) among the eligible positions join the group's
+// kept set (k at or above the number of eligible positions: all of them).
+struct RankTask {
+    std::int32_t group = 0, lo = 0, hi = 0, k = 0;
+};
+
+inline constexpr int kScoreBad = 4;  // status bit: a ranked score is NaN, Inf or negative
+
+struct MarkArgs {
+    const float* scores = nullptr;          // score of (g, j) at scores[g * stride + j]
+    std::int64_t stride = 0;
+    const std::uint8_t* eligible = nullptr; // [n] shared by every group, or null (every position)
+    const RankTask* tasks = nullptr;        // device [blocks]
+    int n = 0;
+    std::uint8_t* keep = nullptr;           // [G][n]
+    int* status = nullptr;
+};
+
+// keep[g][j] = (f_lo <= j < f_hi) || forced[j]   (forced: [n] or null), grid-stride over G x n.
+template <int Unused = 0>
+__global__ void init_keep_kernel(std::uint8_t* keep, int G, int n, int f_lo, int f_hi, const std::uint8_t* forced) {
+    const std::int64_t total = static_cast<std::int64_t>(G) * n;
+    for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+        const int j = static_cast<int>(i % n);
+        keep[i] = (j >= f_lo && j < f_hi) || (forced && forced[j]) ? 1 : 0;
+    }
+}
+
+// One task per block: marks the top k of the task's eligible scores (ties: lower position first).
+template <int Unused = 0>
+__global__ void __launch_bounds__(kSelectThreads) mark_topk_kernel(const __grid_constant__ MarkArgs a) {
+    __shared__ RadixShared sh;
+    __shared__ int s_count, s_bad;
+    extern __shared__ __align__(16) unsigned char mark_dyn[];
+    const RankTask t = a.tasks[blockIdx.x];
+    if (threadIdx.x == 0) {
+        sh.wh = reinterpret_cast<RadixWarpHist*>(mark_dyn);
+        s_count = 0;
+        s_bad = 0;
+    }
+    __syncthreads();
+    const int len = t.hi - t.lo;
+    const float* base = a.scores + static_cast<std::int64_t>(t.group) * a.stride + t.lo;
+    const std::uint8_t* el = a.eligible ? a.eligible + t.lo : nullptr;
+    std::uint8_t* keep = a.keep + static_cast<std::int64_t>(t.group) * a.n + t.lo;
+    int cnt = 0;
+    bool bad = false;
+    for (int j = threadIdx.x; j < len; j += blockDim.x) {
+        if (el && !el[j]) continue;
+        const float x = base[j];
+        ++cnt;
+        bad |= !(x >= 0.0f) || !isfinite(x);
+    }
+    if (cnt) atomicAdd(&s_count, cnt);
+    if (bad) atomicOr(&s_bad, 1);
+    __syncthreads();
+    if (s_bad) {
+        if (threadIdx.x == 0) atomicOr(a.status, kScoreBad);
+        return;
+    }
+    const int m = s_count, k = min(t.k, m);
+    if (k <= 0) return;
+    if (k >= m) {
+        for (int j = threadIdx.x; j < len; j += blockDim.x)
+            if (!el || el[j]) keep[j] = 1;
+        return;
+    }
+    auto score = [&](int j) { return el && !el[j] ? -1.0f : base[j]; };
+    unsigned vkey = 0;
+    int need = 0, eq_count = 0;
+    block_topk_threshold(sh, score, len, k, vkey, need, eq_count);
+    const bool ranked = need < eq_count;
+    block_compact(
+        sh, len, ranked, [&](int j) { return (!el || el[j]) && score_key(base[j]) == vkey; },
+        [&](int j, bool tie, int rank) {
+            if (el && !el[j]) return false;
+            const unsigned key = score_key(base[j]);
+            if (key > vkey || (key == vkey && (!ranked || (tie && rank < need)))) keep[j] = 1;
+            return false;  // nothing written by block_compact itself
+        },
+        static_cast<std::int32_t*>(nullptr));
+}
+
+// Group g's kept positions (keep[g][j] != 0) into lists + g * n, ascending; count[g]. One block per group.
+template <int Unused = 0>
+__global__ void __launch_bounds__(kSelectThreads) keep_lists_kernel(const std::uint8_t* keep, int n, std::int32_t* lists,
+                                                                    int* count, std::int32_t* indptr) {
+    __shared__ RadixShared sh;
+    const int g = blockIdx.x;
+    const std::uint8_t* kg = keep + static_cast<std::int64_t>(g) * n;
+    std::int32_t* out = lists + static_cast<std::int64_t>(g) * n;
+    const int c = block_compact(
+        sh, n, false, [](int) { return false; }, [&](int j, bool, int) { return kg[j] != 0; }, out);
+    if (threadIdx.x == 0) {
+        count[g] = c;
+        if (indptr && gridDim.x == 1) {
+            indptr[0] = 0;
+            indptr[1] = c;
+        }
+    }
+}
+
+// Builds a DeviceSelection: begin(), forced positions and ranking tasks, finish() (one synchronization).
+// Or upload() of a host TokenSelection. Buffers only grow; the last result stays valid until the next
+// begin() / upload(). Not thread-safe.
+class ListBuilder {
+public:
+    // Starts G groups of n positions: keep = [f_lo, f_hi) plus forced[j] (host [n] bytes, or empty).
+    void begin(std::int64_t G, std::int64_t n, std::int64_t f_lo, std::int64_t f_hi, std::span<const std::uint8_t> forced,
+               cudaStream_t stream, const char* fn) {
+        require(G >= 1 && n >= 1 && n <= std::numeric_limits<std::int32_t>::max() / 2, fn, "selection of ", G,
+                " groups of n = ", n, " positions, expected G >= 1 and 1 <= n < 2^30");
+        G_ = G;
+        n_ = n;
+        tasks_.clear();
+        const std::size_t b_keep = align256(static_cast<std::size_t>(G * n));
+        const std::size_t b_lists = align256(static_cast<std::size_t>(G * n) * 4);
+        const std::size_t b_small = align256(static_cast<std::size_t>(2 * G + 2) * 4 + 4);
+        const std::size_t b_masks = 2 * align256(static_cast<std::size_t>(n));
+        char* base = static_cast<char*>(work_.get(b_keep + 2 * b_lists + b_small + b_masks, fn));
+        keep_ = reinterpret_cast<std::uint8_t*>(base);
+        lists_ = reinterpret_cast<std::int32_t*>(base + b_keep);
+        indices_ = reinterpret_cast<std::int32_t*>(base + b_keep + b_lists);
+        auto* small = reinterpret_cast<int*>(base + b_keep + 2 * b_lists);
+        count_ = small;
+        indptr_ = reinterpret_cast<std::int32_t*>(small + G);
+        status_ = small + 2 * G + 1;
+        forced_ = reinterpret_cast<std::uint8_t*>(base + b_keep + 2 * b_lists + b_small);
+        eligible_ = forced_ + align256(static_cast<std::size_t>(n));
+        check_cuda(cudaMemsetAsync(status_, 0, sizeof(int), stream), fn, "cudaMemsetAsync");
+        const std::uint8_t* fd = nullptr;
+        if (!forced.empty()) {
+            require(static_cast<std::int64_t>(forced.size()) == n, fn, "forced mask of ", forced.size(), " bytes, expected ", n);
+            upload_bytes(forced_, forced, stream, fn);
+            fd = forced_;
+        }
+        const auto clamp = [&](std::int64_t x) { return static_cast<int>(std::clamp<std::int64_t>(x, 0, n)); };
+        init_keep_kernel<><<<grid_for(G * n), 256, 0, stream>>>(keep_, static_cast<int>(G), static_cast<int>(n), clamp(f_lo),
+                                                                clamp(f_hi), fd);
+        check_launch(fn, "init_keep_kernel");
+    }
+
+    // Adds "the top k of scores[g][lo, hi) (among the eligible positions)" for group g.
+    void rank(std::int64_t g, std::int64_t lo, std::int64_t hi, std::int64_t k) {
+        if (hi <= lo || k <= 0) return;
+        tasks_.push_back({static_cast<std::int32_t>(g), static_cast<std::int32_t>(lo), static_cast<std::int32_t>(hi),
+                          static_cast<std::int32_t>(std::min<std::int64_t>(k, hi - lo))});
+    }
+
+    // Runs the tasks added since begin() over `scores` (device, row stride `stride`), restricted to the
+    // positions with eligible[j] != 0 (host [n] bytes; empty: every position).
+    void run_tasks(const float* scores, std::int64_t stride, std::span<const std::uint8_t> eligible, cudaStream_t stream,
+                   const char* fn) {
+        if (tasks_.empty()) return;
+        const std::uint8_t* ed = nullptr;
+        if (!eligible.empty()) {
+            require(static_cast<std::int64_t>(eligible.size()) == n_, fn, "eligible mask of ", eligible.size(),
+                    " bytes, expected ", n_);
+            upload_bytes(eligible_, eligible, stream, fn);
+            ed = eligible_;
+        }
+        run_tasks_device(scores, stride, ed, stream, fn);
+    }
+
+    // The same with the eligible mask already on the device ([n] bytes, e.g. another builder's keep_mask()).
+    void run_tasks_device(const float* scores, std::int64_t stride, const std::uint8_t* ed, cudaStream_t stream,
+                          const char* fn) {
+        if (tasks_.empty()) return;
+        auto* td = static_cast<RankTask*>(task_buf_.get(tasks_.size() * sizeof(RankTask), fn));
+        char* h = task_staging_.get(tasks_.size() * sizeof(RankTask), fn);
+        std::memcpy(h, tasks_.data(), tasks_.size() * sizeof(RankTask));
+        check_cuda(cudaMemcpyAsync(td, h, tasks_.size() * sizeof(RankTask), cudaMemcpyHostToDevice, stream), fn,
+                   "cudaMemcpyAsync");
+        task_staging_.mark(stream, fn);
+        MarkArgs a;
+        a.scores = scores;
+        a.stride = stride;
+        a.eligible = ed;
+        a.tasks = td;
+        a.n = static_cast<int>(n_);
+        a.keep = keep_;
+        a.status = status_;
+        // Set on every launch, never cached in a function-local static: this function is inline, so one
+        // static would serve every translation unit of a program while each has its own copy of the kernel
+        // (and the attribute is per device).
+        auto* k = mark_topk_kernel<>;
+        const cudaError_t attr = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                             static_cast<int>(select_smem_bytes(0)));
+        check_cuda(attr, fn, "cudaFuncSetAttribute");
+        k<<<static_cast<unsigned>(tasks_.size()), kSelectThreads, select_smem_bytes(0), stream>>>(a);
+        check_launch(fn, "mark_topk_kernel");
+        tasks_.clear();
+    }
+
+    // The keep masks compacted into CSR lists; one synchronization (list bounds and status to the host;
+    // also the device int `extra_status`, when given: a scoring step's status word, see extra_status()).
+    const DeviceSelection& finish(cudaStream_t stream, const char* fn, const int* extra_status = nullptr) {
+        const int G = static_cast<int>(G_), n = static_cast<int>(n_);
+        keep_lists_kernel<><<<static_cast<unsigned>(G), kSelectThreads, 0, stream>>>(keep_, n, G == 1 ? indices_ : lists_,
+                                                                                      count_, indptr_);
+        check_launch(fn, "keep_lists_kernel");
+        if (G > 1) {
+            const dim3 pgrid(static_cast<unsigned>(G), static_cast<unsigned>((n + kPackSpan - 1) / kPackSpan));
+            pack_lists_kernel<><<<pgrid, 256, 0, stream>>>(lists_, count_, n, G, indices_, indptr_);
+            check_launch(fn, "pack_lists_kernel");
+        }
+        return read_back(stream, fn, extra_status);
+    }
+
+    // A host selection's lists on the device (StreamingLLM, random, fixed ratio: no arithmetic to do).
+    const DeviceSelection& upload(const TokenSelection& s, cudaStream_t stream, const char* fn) {
+        const std::int64_t L = static_cast<std::int64_t>(s.indices.size());
+        require(L >= 1 && s.n >= 1, fn, "an empty selection (", L, " lists over n = ", s.n, ")");
+        std::int64_t total = 0;
+        for (const auto& l : s.indices) total += static_cast<std::int64_t>(l.size());
+        G_ = L;
+        n_ = s.n;
+        const std::size_t b_idx = align256(static_cast<std::size_t>(std::max<std::int64_t>(total, 1)) * 4);
+        const std::size_t b_ptr = align256(static_cast<std::size_t>(L + 1) * 4);
+        char* base = static_cast<char*>(upload_buf_.get(b_idx + b_ptr, fn));
+        char* h = staging_.get(b_idx + b_ptr, fn);
+        auto* hi = reinterpret_cast<std::int32_t*>(h);
+        auto* hp = reinterpret_cast<std::int32_t*>(h + b_idx);
+        res_ = DeviceSelection{};
+        res_.n = s.n;
+        res_.indptr.assign(1, 0);
+        std::int64_t at = 0;
+        for (const auto& l : s.indices) {
+            for (auto p : l) {
+                require(p >= 0 && p < s.n, fn, "position ", p, " outside [0, ", s.n, ")");
+                hi[at++] = static_cast<std::int32_t>(p);
+            }
+            res_.indptr.push_back(static_cast<std::int32_t>(at));
+        }
+        std::memcpy(hp, res_.indptr.data(), res_.indptr.size() * 4);
+        check_cuda(cudaMemcpyAsync(base, h, b_idx + b_ptr, cudaMemcpyHostToDevice, stream), fn, "cudaMemcpyAsync");
+        staging_.mark(stream, fn);
+        check_cuda(cudaStreamSynchronize(stream), fn, "cudaStreamSynchronize");
+        res_.indices = reinterpret_cast<const std::int32_t*>(base);
+        res_.indptr_dev = reinterpret_cast<const std::int32_t*>(base + b_idx);
+        return res_;
+    }
+
+    // The keep mask of the selection being built ([G][n] device bytes; valid until the next begin()).
+    const std::uint8_t* keep_mask() const { return keep_; }
+    const DeviceSelection& result() const { return res_; }
+    DeviceSelection& result() { return res_; }
+
+    // Tests: every byte of the workspace set to `byte`. Synchronizes.
+    void fill(int byte, const char* fn) {
+        work_.fill(byte, fn);
+        upload_buf_.fill(byte, fn);
+    }
+
+private:
+    static unsigned grid_for(std::int64_t total) {
+        return static_cast<unsigned>(std::clamp<std::int64_t>((total + 255) / 256, 1, 4096));
+    }
+
+    void upload_bytes(std::uint8_t* dst, std::span<const std::uint8_t> src, cudaStream_t stream, const char* fn) {
+        PinnedStaging& st = dst == forced_ ? forced_staging_ : eligible_staging_;
+        char* h = st.get(src.size(), fn);
+        std::memcpy(h, src.data(), src.size());
+        check_cuda(cudaMemcpyAsync(dst, h, src.size(), cudaMemcpyHostToDevice, stream), fn, "cudaMemcpyAsync");
+        st.mark(stream, fn);
+    }
+
+    const DeviceSelection& read_back(cudaStream_t stream, const char* fn, const int* extra_status) {
+        const std::int64_t G = G_;
+        char* h = staging_.get(static_cast<std::size_t>(G + 3) * 4, fn);
+        auto* back = reinterpret_cast<int*>(h);
+        check_cuda(cudaMemcpyAsync(back, indptr_, static_cast<std::size_t>(G + 1) * 4, cudaMemcpyDeviceToHost, stream), fn,
+                   "cudaMemcpyAsync");
+        check_cuda(cudaMemcpyAsync(back + G + 1, status_, 4, cudaMemcpyDeviceToHost, stream), fn, "cudaMemcpyAsync");
+        back[G + 2] = 0;
+        if (extra_status)
+            check_cuda(cudaMemcpyAsync(back + G + 2, extra_status, 4, cudaMemcpyDeviceToHost, stream), fn, "cudaMemcpyAsync");
+        staging_.mark(stream, fn);
+        check_cuda(cudaStreamSynchronize(stream), fn, "cudaStreamSynchronize");
+        status_host_ = back[G + 1];
+        extra_host_ = back[G + 2];
+        res_ = DeviceSelection{};
+        res_.n = n_;
+        res_.indptr.assign(back, back + G + 1);
+        res_.indices = indices_;
+        res_.indptr_dev = indptr_;
+        return res_;
+    }
+
+public:
+    // The status word of the last finish() (kScoreBad: a ranked score was NaN, Inf or negative).
+    int status() const { return status_host_; }
+    // The `extra_status` word read back by the last finish() (0 when none was given).
+    int extra_status() const { return extra_host_; }
+
+private:
+    std::int64_t G_ = 0, n_ = 0;
+    std::vector<RankTask> tasks_;
+    GrowBuffer work_, task_buf_, upload_buf_;
+    PinnedStaging staging_, task_staging_, forced_staging_, eligible_staging_;
+    std::uint8_t *keep_ = nullptr, *forced_ = nullptr, *eligible_ = nullptr;
+    std::int32_t *lists_ = nullptr, *indices_ = nullptr, *indptr_ = nullptr;
+    int *count_ = nullptr, *status_ = nullptr;
+    int status_host_ = 0, extra_host_ = 0;
+    DeviceSelection res_;
+};
+
+}  // namespace detail
+
+}  // namespace vlsparse::cuda
