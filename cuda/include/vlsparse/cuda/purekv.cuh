@@ -1,0 +1,389 @@
+// vlsparse/cuda/purekv.cuh -- PureKV on the GPU (namespace vlsparse::cuda): the window scores of Eq. 2,
+// the V norms, the importance of Eq. 3 / Eq. 4, window + top-h as device lists, and the layer's prefill
+// attention (ST-SpAttn on video layouts), carried through one prefill by a device-resident estimator.
+//
+// Same Params (PureKVParams), same equations and tie rule as reference:: / simd::PureKVEstimator
+// (vlsparse/policies/purekv_params.hpp):
+//
+//   cuda::PureKVEstimator est(params, layout, shape);       // owns its device workspace
+//   for each layer l (q, k, v: device views [n, H, d] / [n, H_kv, d]):
+//       if (est.needs_scores(l)) est.observe(l, q, k, stream);   // layers <= l0: window attention
+//       est.attention(l, q, k, v, out, stream);                  // ST-masked from st_start_layer on (bf16 / fp16)
+//       const cuda::DevicePureKVSelection& s = est.select(l, v, stream);  // no attention above l0 (Eq. 4)
+//       kv_batch_compact(..., s.lists.rows(), ...);              // evict (vlsparse/cuda/kv_cache.cuh)
+//
+// The scores of every observed layer stay on the device ([G][n] fp32; l0's for the whole prefill); a
+// layer above l0 reads only its V (one pass, the norms) and l0's scores. Nothing goes through the host
+// but the list bounds (select() ends in one synchronization; observe() and attention() none).
+// Differences from the CPU paths: scores, norms and importance in fp32 (the reference uses double), so
+// the kept set can differ where the recomputed importance ties within that precision at the cut; NaN /
+// Inf in the window rows of q, in k or in v is always an error (params.check_finite changes nothing
+// here), and so is an fp32 overflow of a logit or of the importance.
+// Include: this header, from a .cu translation unit (nvcc, C++20).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <limits>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "vlsparse/attention/common.hpp"
+#include "vlsparse/core/layout.hpp"
+#include "vlsparse/core/model_shape.hpp"
+#include "vlsparse/core/tensor.hpp"
+#include "vlsparse/cuda/common.cuh"
+#include "vlsparse/cuda/prefill.cuh"
+#include "vlsparse/cuda/selection/lists.cuh"
+#include "vlsparse/cuda/selection/probe_columns.cuh"
+#include "vlsparse/policies/purekv_params.hpp"
+
+namespace vlsparse::cuda {
+
+// Eq. 2 of one layer on the device.
+struct DevicePureKVScores {
+    std::int64_t layer = -1, n = 0, window = 0, heads_per_group = 0, groups = 0;
+    const float* s = nullptr;  // device [groups][n]: s_j for j < n - w, 0 on the window
+
+    // A host copy in the CPU paths' form (synchronizes the device).
+    PureKVScores to_host() const {
+        PureKVScores r;
+        r.layer = layer;
+        r.n = n;
+        r.window = window;
+        r.heads_per_group = heads_per_group;
+        std::vector<float> h(static_cast<std::size_t>(groups * n));
+        if (!h.empty())
+            detail::check_cuda(cudaMemcpy(h.data(), s, h.size() * sizeof(float), cudaMemcpyDeviceToHost),
+                               "cuda::DevicePureKVScores::to_host", "cudaMemcpy");
+        r.s.assign(static_cast<std::size_t>(groups), std::vector<double>(static_cast<std::size_t>(n)));
+        for (std::int64_t g = 0; g < groups; ++g)
+            for (std::int64_t j = 0; j < n; ++j)
+                r.s[static_cast<std::size_t>(g)][static_cast<std::size_t>(j)] = h[static_cast<std::size_t>(g * n + j)];
+        return r;
+    }
+};
+
+// What PureKV keeps in one layer, on the device.
+struct DevicePureKVSelection {
+    std::int64_t n = 0, layer = 0, source_layer = -1, window = 0, top_h = 0, groups = 0;
+    bool dense = false;              // a lower layer with lower_layers == dense: every position, no scores
+    const float* v_norm = nullptr;   // device [groups][n]: ||V_{j,g}|| (kv_head) or mean_g ||V_{j,g}|| (layer)
+    const float* importance = nullptr;  // device [groups][n]: I_j = s_j ||V_j|| (0 on the window)
+    DeviceSelection lists;           // window + top-h per group (device CSR; lists.rows() for decode / compaction)
+
+    double kept_ratio() const { return lists.kept_ratio(); }
+
+    // A host copy in the CPU paths' form (synchronizes the device).
+    PureKVSelection to_host() const {
+        constexpr const char* fn = "cuda::DevicePureKVSelection::to_host";
+        PureKVSelection r;
+        r.n = n;
+        r.layer = layer;
+        r.source_layer = source_layer;
+        r.dense = dense;
+        r.window = window;
+        r.top_h = top_h;
+        r.selection = lists.to_host();
+        if (dense) return r;
+        auto down = [&](const float* p) {
+            std::vector<float> h(static_cast<std::size_t>(groups * n));
+            if (!h.empty())
+                detail::check_cuda(cudaMemcpy(h.data(), p, h.size() * sizeof(float), cudaMemcpyDeviceToHost), fn, "cudaMemcpy");
+            std::vector<std::vector<double>> out(static_cast<std::size_t>(groups), std::vector<double>(static_cast<std::size_t>(n)));
+            for (std::int64_t g = 0; g < groups; ++g)
+                for (std::int64_t j = 0; j < n; ++j)
+                    out[static_cast<std::size_t>(g)][static_cast<std::size_t>(j)] = h[static_cast<std::size_t>(g * n + j)];
+            return out;
+        };
+        r.v_norm = down(v_norm);
+        r.importance = down(importance);
+        r.selection.scores = r.importance;
+        return r;
+    }
+};
+
+namespace detail {
+
+inline constexpr int kVNonFinite = 8;  // status bit: NaN / Inf in v
+
+// s[g][j] = the window's column sums of group g (the KV heads summed for one group), j < m; 0 for m <= j < n.
+template <int Unused = 0>
+__global__ void purekv_window_kernel(const float* col, int rsplit, int Hkv, int n, int G, int m, float* s) {
+    const std::int64_t total = static_cast<std::int64_t>(G) * n;
+    for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+        const int g = static_cast<int>(i / n), j = static_cast<int>(i % n);
+        float a = 0.0f;
+        if (j < m)
+            for (int z = 0; z < rsplit; ++z) {
+                const float* cz = col + static_cast<std::int64_t>(z) * Hkv * n + j;
+                if (G == 1) {
+                    for (int h = 0; h < Hkv; ++h) a += cz[static_cast<std::int64_t>(h) * n];
+                } else {
+                    a += cz[static_cast<std::int64_t>(g) * n];
+                }
+            }
+        s[i] = a;
+    }
+}
+
+// One warp per position j: ||V_{j,g}|| for every KV head (fp32 sum of squares), then the group's norm
+// (its own, or the mean over KV heads for one group) and I_j = s_j * norm (0 on the window).
+template <class TV>
+__global__ void purekv_importance_kernel(const TV* v, std::int64_t s0, std::int64_t s1, std::int64_t s2, int n, int Hkv,
+                                         int d, int G, int m, const float* s, float* vnorm, float* imp, int* status) {
+    const int lane = threadIdx.x & 31;
+    const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x >> 5);
+    bool bad = false;
+    for (std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5); j < n; j += warps) {
+        float mean = 0.0f;
+        for (int g = 0; g < Hkv; ++g) {
+            const TV* row = v + j * s0 + g * s1;
+            float ss = 0.0f;
+            for (int c = lane; c < d; c += 32) {
+                const float x = load_f(row + c * s2);
+                bad |= !isfinite(x);
+                ss = fmaf(x, x, ss);
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            const float norm = sqrtf(ss);
+            if (G == 1) {
+                mean += norm / static_cast<float>(Hkv);
+            } else if (lane == 0) {
+                const std::int64_t at = static_cast<std::int64_t>(g) * n + j;
+                vnorm[at] = norm;
+                imp[at] = j < m ? s[at] * norm : 0.0f;
+            }
+        }
+        if (G == 1 && lane == 0) {
+            vnorm[j] = mean;
+            imp[j] = j < m ? s[j] * mean : 0.0f;
+        }
+    }
+    // (The position loop is warp-uniform: every lane of a warp is here together.)
+    if (__any_sync(0xffffffffu, bad) && lane == 0) atomicOr(status, kVNonFinite);
+}
+
+}  // namespace detail
+
+// The cross-layer estimator of one prefill, on the device (see the header comment). Not thread-safe:
+// one estimator per stream. Results stay valid until the next call of the same kind.
+class PureKVEstimator {
+public:
+    // Checks what does not depend on a layer's tensors, as the CPU estimator does.
+    PureKVEstimator(const PureKVParams& P, const Layout& layout, const ModelShape& shape)
+        : P_(P), layout_(layout), shape_(shape) {
+        constexpr const char* fn = "cuda::PureKVEstimator";
+        ::vlsparse::detail::check_purekv_params(P, fn);
+        shape.validate(fn);
+        detail::require(P.l0 < shape.layers, fn, "l0 = ", P.l0, " is beyond the model's layers, expected 0 <= l0 < ",
+                        shape.layers);
+        detail::require(P.st.kind == VideoMask::none || P.st_start_layer < shape.layers, fn, "st_start_layer = ",
+                        P.st_start_layer, ", expected < layers = ", shape.layers,
+                        " (set st.kind = none to switch ST-SpAttn off)");
+        detail::require(layout.n() > 0, fn, "empty layout, expected at least one token");
+        detail::require(layout.n() <= std::numeric_limits<std::int32_t>::max() / 2, fn, "n = ", layout.n(),
+                        " tokens, expected < 2^30");
+        detail::require(shape.head_dim <= 256, fn, "head_dim = ", shape.head_dim, ", expected <= 256");
+        (void)purekv_top_h(layout.n(), P);
+        G_ = P.grouping == PureKVGrouping::kv_head ? shape.kv_heads : 1;
+        slots_.resize(static_cast<std::size_t>(P.l0 + 1));
+        if (P.st.kind != VideoMask::none && purekv_masked_layer(layout, P.st_start_layer, P)) {
+            const MaskContext ctx = make_video_mask_context(layout, P.st);
+            const std::vector<MaskTemplate> heads(static_cast<std::size_t>(shape.heads), MaskTemplate::dense);
+            plan_.plan(ctx, heads, shape.kv_heads);
+        }
+    }
+    PureKVEstimator(const PureKVEstimator&) = delete;
+    PureKVEstimator& operator=(const PureKVEstimator&) = delete;
+
+    const PureKVParams& params() const { return P_; }
+    std::int64_t n() const { return layout_.n(); }
+    std::int64_t groups() const { return G_; }
+
+    bool needs_scores(std::int64_t layer) const {
+        check_layer(layer, "cuda::PureKVEstimator::needs_scores");
+        return layer == P_.l0 || (layer < P_.l0 && P_.lower_layers == PureKVLowerLayers::own_scores);
+    }
+
+    // Eq. 2 of layer `layer` (a layer that needs_scores), kept on the device. q [n, H, d], k [n, H_kv, d]
+    // device views; only q's last w rows are read. Enqueued on `stream`; input errors are reported by the
+    // select() that uses the scores (its one synchronization).
+    template <ElementType TQ, ElementType TK>
+    const DevicePureKVScores& observe(std::int64_t layer, View3<const TQ> q, View3<const TK> k, cudaStream_t stream = 0) {
+        constexpr const char* fn = "cuda::PureKVEstimator::observe";
+        check_layer(layer, fn);
+        detail::require(needs_scores(layer), fn, "layer ", layer, " does not use its own attention scores (l0 = ", P_.l0,
+                        layer > P_.l0 ? "; higher layers reuse l0's scores, Eq. 4)" : "; lower_layers = dense)");
+        check_shape(q, k, fn);
+        const std::int64_t n = this->n(), w = P_.window, m = n - w, Hkv = shape_.kv_heads;
+        std::vector<std::int64_t> rows(static_cast<std::size_t>(w));
+        std::iota(rows.begin(), rows.end(), m);
+        const double scale = ::vlsparse::detail::resolve_scale(P_.attention(), shape_.head_dim, fn);
+        const detail::ProbeColumnsResult pc = probe_.run(q, k, std::span<const std::int64_t>(rows), scale, stream, fn);
+        Slot& sl = slots_[static_cast<std::size_t>(layer)];
+        if (sl.s.size() != static_cast<std::size_t>(G_ * n)) sl.s = DeviceArray<float>(static_cast<std::size_t>(G_ * n));
+        // The probe status is sticky for the layer: copied next to the scores.
+        if (sl.status.size() != 1) sl.status = DeviceArray<int>(1);
+        detail::purekv_window_kernel<><<<grid_for(G_ * n), 256, 0, stream>>>(pc.col, pc.rsplit, static_cast<int>(Hkv),
+                                                                              static_cast<int>(n), static_cast<int>(G_),
+                                                                              static_cast<int>(m), sl.s.data());
+        detail::check_launch(fn, "purekv_window_kernel");
+        detail::check_cuda(cudaMemcpyAsync(sl.status.data(), pc.status, sizeof(int), cudaMemcpyDeviceToDevice, stream), fn,
+                           "cudaMemcpyAsync");
+        sl.scores = DevicePureKVScores{layer, n, w, shape_.heads / G_, G_, sl.s.data()};
+        sl.observed = true;
+        return sl.scores;
+    }
+
+    bool observed(std::int64_t layer) const {
+        check_layer(layer, "cuda::PureKVEstimator::observed");
+        return layer <= P_.l0 && slots_[static_cast<std::size_t>(layer)].observed;
+    }
+
+    // The scores select(layer) uses: the layer's own up to l0, l0's above.
+    const DevicePureKVScores& scores(std::int64_t layer) const { return slot_for(layer, "cuda::PureKVEstimator::scores").scores; }
+
+    // Eq. 3 / Eq. 4 and the kept set of layer `layer`; v [n, H_kv, d] of this layer (device view). One
+    // synchronization; errors of the observe() whose scores it uses are reported here.
+    template <ElementType TV>
+    const DevicePureKVSelection& select(std::int64_t layer, View3<const TV> v, cudaStream_t stream = 0) {
+        constexpr const char* fn = "cuda::PureKVEstimator::select";
+        check_layer(layer, fn);
+        detail::require(v.data != nullptr, fn, "v is a null view");
+        detail::require(v.shape[0] == n() && v.shape[1] == shape_.kv_heads && v.shape[2] == shape_.head_dim, fn,
+                        "v has shape [", v.shape[0], ", ", v.shape[1], ", ", v.shape[2], "], expected [", n(), ", ",
+                        shape_.kv_heads, ", ", shape_.head_dim, "]");
+        const std::int64_t n = this->n(), w = P_.window, m = n - w;
+        DevicePureKVSelection& r = sel_;
+        r = DevicePureKVSelection{};
+        r.n = n;
+        r.layer = layer;
+        if (layer < P_.l0 && P_.lower_layers == PureKVLowerLayers::dense) {
+            r.dense = true;
+            lists_.begin(1, n, 0, n, {}, stream, fn);
+            r.lists = lists_.finish(stream, fn);
+            return r;
+        }
+        const Slot& sl = slot_for(layer, fn);
+        const std::int64_t h = purekv_top_h(n, P_);
+        r.source_layer = sl.scores.layer;
+        r.window = w;
+        r.top_h = h;
+        r.groups = G_;
+        const std::size_t b = detail::align256(static_cast<std::size_t>(G_ * n) * 4);
+        char* base = static_cast<char*>(work_.get(2 * b + 256, fn));
+        auto* vn = reinterpret_cast<float*>(base);
+        auto* imp = reinterpret_cast<float*>(base + b);
+        auto* status = reinterpret_cast<int*>(base + 2 * b);
+        detail::check_cuda(cudaMemcpyAsync(status, sl.status.data(), sizeof(int), cudaMemcpyDeviceToDevice, stream), fn,
+                           "cudaMemcpyAsync");
+        {
+            const std::int64_t warps_needed = n;
+            const unsigned blocks = static_cast<unsigned>(std::clamp<std::int64_t>((warps_needed + 7) / 8, 1, 8192));
+            detail::purekv_importance_kernel<std::remove_const_t<TV>><<<blocks, 256, 0, stream>>>(
+                v.data, v.stride[0], v.stride[1], v.stride[2], static_cast<int>(n), static_cast<int>(shape_.kv_heads),
+                static_cast<int>(shape_.head_dim), static_cast<int>(G_), static_cast<int>(m), sl.s.data(), vn, imp, status);
+            detail::check_launch(fn, "purekv_importance_kernel");
+        }
+        lists_.begin(G_, n, m, n, {}, stream, fn);
+        for (std::int64_t g = 0; g < G_; ++g) lists_.rank(g, 0, m, h);
+        lists_.run_tasks(imp, n, {}, stream, fn);
+        r.lists = lists_.finish(stream, fn, status);
+        const int st = lists_.extra_status();
+        detail::require((st & detail::kInputNonFinite) == 0, fn, "q or k of layer ", sl.scores.layer,
+                        " holds NaN or Inf (in k, or in a window row of q)");
+        detail::require((st & detail::kVNonFinite) == 0, fn, "v holds NaN or Inf");
+        detail::require((lists_.status() & detail::kScoreBad) == 0, fn,
+                        "an importance score is not finite: an fp32 overflow of a logit or of s_j * ||V_j||");
+        r.v_norm = vn;
+        r.importance = imp;
+        r.lists.scores = imp;
+        r.lists.score_groups = G_;
+        r.lists.score_len = n;
+        return r;
+    }
+
+    // True when layer `layer`'s prefill uses the ST-SpAttn mask.
+    bool masked(std::int64_t layer) const {
+        check_layer(layer, "cuda::PureKVEstimator::masked");
+        return purekv_masked_layer(layout_, layer, P_);
+    }
+
+    // The layer's prefill attention on the tensor cores: ST-SpAttn from st_start_layer on (video layouts),
+    // dense causal otherwise. bf16 / fp16 q, k, v [n, H(_kv), d] with d 64 or 128, out [n, H, d].
+    template <ElementType T, OutputElement TO>
+        requires ElementType<TO>
+    void attention(std::int64_t layer, View3<const T> q, View3<const T> k, View3<const T> v, View3<TO> out,
+                   cudaStream_t stream = 0, const PrefillOptions& opt = {}) const {
+        constexpr const char* fn = "cuda::PureKVEstimator::attention";
+        check_layer(layer, fn);
+        check_shape(q, k, fn);
+        PrefillOptions o = opt;
+        if (o.scale == 0.0f) o.scale = P_.scale;
+        if (masked(layer)) masked_prefill_attention(plan_, q, k, v, out, o, stream);
+        else dense_prefill_attention(q, k, v, out, o, stream);
+    }
+
+    // Tests: every byte of the workspace set to `byte` (the stored scores are left alone). Synchronizes.
+    void fill_workspace(int byte) {
+        work_.fill(byte, "cuda::PureKVEstimator::fill_workspace");
+        probe_.fill(byte, "cuda::PureKVEstimator::fill_workspace");
+        lists_.fill(byte, "cuda::PureKVEstimator::fill_workspace");
+    }
+
+private:
+    struct Slot {
+        DeviceArray<float> s;
+        DeviceArray<int> status;
+        DevicePureKVScores scores;
+        bool observed = false;
+    };
+
+    static unsigned grid_for(std::int64_t total) {
+        return static_cast<unsigned>(std::clamp<std::int64_t>((total + 255) / 256, 1, 4096));
+    }
+    void check_layer(std::int64_t layer, const char* fn) const {
+        detail::require(layer >= 0 && layer < shape_.layers, fn, "layer = ", layer, ", expected 0 <= layer < ",
+                        shape_.layers);
+    }
+    const Slot& slot_for(std::int64_t layer, const char* fn) const {
+        check_layer(layer, fn);
+        detail::require(layer >= P_.l0 || P_.lower_layers == PureKVLowerLayers::own_scores, fn, "layer ", layer,
+                        " is below l0 = ", P_.l0, " with lower_layers = dense: it has no scores");
+        const std::int64_t src = layer <= P_.l0 ? layer : P_.l0;
+        const Slot& sl = slots_[static_cast<std::size_t>(src)];
+        detail::require(sl.observed, fn, "the scores of layer ", src, " are needed for layer ", layer,
+                        " but were not observed; call observe(", src, ", q, k) first");
+        return sl;
+    }
+    template <class TQ, class TK>
+    void check_shape(const View3<const TQ>& q, const View3<const TK>& k, const char* fn) const {
+        detail::require(q.data != nullptr && k.data != nullptr, fn, "q or k is a null view");
+        detail::require(q.shape[0] == n() && q.shape[1] == shape_.heads && q.shape[2] == shape_.head_dim &&
+                            k.shape[0] == n() && k.shape[1] == shape_.kv_heads && k.shape[2] == shape_.head_dim,
+                        fn, "q [", q.shape[0], ", ", q.shape[1], ", ", q.shape[2], "] and k [", k.shape[0], ", ",
+                        k.shape[1], ", ", k.shape[2], "] do not match the prompt and model (n = ", n(), ", H = ",
+                        shape_.heads, ", H_kv = ", shape_.kv_heads, ", d = ", shape_.head_dim, ")");
+    }
+
+    PureKVParams P_;
+    Layout layout_;
+    ModelShape shape_;
+    std::int64_t G_ = 1;
+    std::vector<Slot> slots_;  // [l0 + 1]
+    MaskedPrefillPlan plan_;
+    detail::ProbeColumns probe_;
+    detail::GrowBuffer work_;
+    detail::ListBuilder lists_;
+    DevicePureKVSelection sel_;
+};
+
+}  // namespace vlsparse::cuda
