@@ -1,0 +1,185 @@
+// CUDA A-VL selection (vlsparse/cuda/avl.cuh) against the reference and the CPU rules: bf16 / fp16 (probe
+// scores on the tensor cores), fp32 (CUDA cores), GQA 1 / 4, several images or one span, the whole
+// sequence or the positions left by a prefill filter, budgets down to zero and up to every token, ties
+// (q = 0: every score equal). The selector's workspace is poisoned (0xff bytes) before each checked call.
+//
+// What must match: the head-mean scores the reference's to a relative error of 1e-4 (fp32 on the GPU,
+// double in the reference); the kept, core and prefill-filter lists exactly what avl_select /
+// avl_prefill_filter (the CPU paths' code) keep on the GPU's own scores, ties included; the golden/avl
+// cases without a text budget: scores and kept masks, and the core set the CPU rule gives on the golden
+// scores (the golden files are built with no near tie at a cut).
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <vlsparse/core/rng.hpp>
+#include <vlsparse/cuda/avl.cuh>
+#include <vlsparse/reference/avl.hpp>
+#include <vlsparse/reference/avl_golden.hpp>
+
+using namespace vlsparse;
+using Catch::Matchers::Contains;
+
+namespace {
+
+constexpr double kTol = 1e-4;
+
+template <class T>
+std::vector<T> random_values(std::size_t count, double spread, SplitMix64& rng) {
+    std::vector<T> v(count);
+    for (auto& x : v) x = from_float<T>(static_cast<float>(spread * (2.0 * rng.uniform() - 1.0)));
+    return v;
+}
+
+template <class T>
+void random_case(const std::string& spec, std::int64_t H, std::int64_t Hkv, std::int64_t d, bool filtered, bool zero_q,
+                 std::uint64_t seed, cuda::AvlSelector& sel) {
+    const Layout layout = Layout::parse(spec);
+    const std::int64_t n = layout.n();
+    SplitMix64 rng(seed);
+    // The present positions: every one, or every non-image one plus a random ~60% of the image tokens.
+    std::vector<std::int64_t> present;
+    if (filtered)
+        for (std::int64_t p = 0; p < n; ++p)
+            if (layout.is_text(p) || rng.uniform() < 0.6 || p == n - 1) present.push_back(p);
+    const std::int64_t m = filtered ? static_cast<std::int64_t>(present.size()) : n;
+    auto q = random_values<T>(static_cast<std::size_t>(m * H * d), 2.0, rng);
+    if (zero_q) std::fill(q.begin(), q.end(), from_float<T>(0.0f));
+    const auto k = random_values<T>(static_cast<std::size_t>(m * Hkv * d), 1.0, rng);
+    cuda::DeviceArray<T> qd(q), kd(k);
+    const View3<const T> qh(q.data(), {m, H, d}), kh(k.data(), {m, Hkv, d});
+    const View3<const T> qv(qd.data(), {m, H, d}), kv(kd.data(), {m, Hkv, d});
+    INFO("layout " << spec << " H " << H << " H_kv " << Hkv << " d " << d << " present " << m << " of " << n << " zero q "
+                   << zero_q << " seed " << seed);
+    // The reference's scores of the present rows, spread over [0, n).
+    const auto ref_rows = reference::avl_scores(qh, kh);
+    std::vector<double> ref(static_cast<std::size_t>(n), 0.0);
+    for (std::int64_t i = 0; i < m; ++i) ref[static_cast<std::size_t>(filtered ? present[static_cast<std::size_t>(i)] : i)] = ref_rows[static_cast<std::size_t>(i)];
+    double mx = 0.0;
+    for (double x : ref) mx = std::max(mx, x);
+    for (const auto& [rate, compute] : std::vector<std::pair<double, double>>{{0.0, 0.0}, {0.5, 0.7}, {0.3, 0.9}, {0.9, 0.95}}) {
+        for (auto spans : {AvlSpans::per_image, AvlSpans::single_span}) {
+            AvlParams P;
+            P.rate = rate;
+            P.compute_rate = compute;
+            P.spans = spans;
+            P.prefill_filter = 0.45;
+            INFO("rate " << rate << " compute_rate " << compute << " spans " << to_string(spans));
+            sel.fill_workspace(0xff);
+            const cuda::DeviceAvlSelection& s = sel.select(qv, kv, layout, P, present);
+            const TokenSelection kept = s.kept.to_host();
+            const std::vector<double>& got = kept.scores.at(0);
+            for (std::int64_t j = 0; j < n; ++j) {
+                INFO("score of position " << j << ": " << got[static_cast<std::size_t>(j)] << ", reference " << ref[static_cast<std::size_t>(j)]);
+                REQUIRE(std::abs(got[static_cast<std::size_t>(j)] - ref[static_cast<std::size_t>(j)]) <=
+                        kTol * (std::abs(ref[static_cast<std::size_t>(j)]) + 1e-3 * mx));
+            }
+            // The CPU rules on the same scores: the same lists, exactly.
+            const AvlSelection want = avl_select(got, layout, P, present);
+            REQUIRE(kept.indices.size() == 1);
+            REQUIRE(kept.indices[0] == want.kept.indices[0]);
+            REQUIRE(s.core.to_host().indices.at(0) == want.core);
+            REQUIRE(s.core_budget == want.core_budget);
+            sel.fill_workspace(0xff);
+            const TokenSelection f = sel.prefill_filter(qv, kv, layout, P, present).to_host();
+            REQUIRE(f.indices.at(0) == avl_prefill_filter(got, layout, P, present));
+        }
+    }
+}
+
+}  // namespace
+
+TEST_CASE("cuda avl: kept, core and prefill-filter sets against the CPU rules and the reference's scores", "[cuda][avl]") {
+    cuda::AvlSelector sel;
+    std::uint64_t seed = 20261125u;
+    for (bool filtered : {false, true}) {
+        random_case<bfloat16>("text:9,image:64,text:5,image:100,text:7", 8, 2, 64, filtered, false, ++seed, sel);
+        random_case<vlsparse::half>("text:31,image:576,text:9,image:576,text:20", 4, 4, 128, filtered, false, ++seed, sel);
+        random_case<float>("image:300,text:3", 6, 3, 40, filtered, false, ++seed, sel);
+        random_case<bfloat16>("text:4,image:40,text:2,image:40,text:3", 4, 1, 64, filtered, true, ++seed, sel);
+    }
+    random_case<bfloat16>("text:100,video:8x2400,text:60", 8, 2, 128, false, false, ++seed, sel);
+}
+
+TEST_CASE("cuda avl: the golden/avl cases without a text budget (scores, kept and core masks)", "[cuda][avl][golden]") {
+    namespace fs = std::filesystem;
+    const char* env = std::getenv("VLSPARSE_GOLDEN_DIR");
+    const fs::path root = fs::path(env ? env : "golden") / "avl";
+    REQUIRE(fs::is_directory(root));
+    cuda::AvlSelector sel;
+    int checked = 0;
+    for (const auto& e : fs::directory_iterator(root)) {
+        if (!e.is_directory()) continue;
+        GoldenManifest m;
+        const auto c = golden::read_avl_inputs(e.path(), &m);
+        if (c.params.text_rate != 0.0) continue;  // the text budget is not on the GPU
+        INFO("case " << e.path().filename().string());
+        auto run = [&](auto tag) {
+            using T = decltype(tag);
+            const auto q = golden::detail::narrow<T>(c.q), k = golden::detail::narrow<T>(c.k);
+            cuda::DeviceArray<T> qd(q), kd(k);
+            const View3<const T> qv(qd.data(), {c.n, c.H, c.d}), kv(kd.data(), {c.n, c.Hkv, c.d});
+            auto out = [&](const char* name) { return read_tensor(e.path(), m.output(name)); };
+            sel.fill_workspace(0xff);
+            const cuda::DeviceAvlSelection& s = sel.select(qv, kv, c.layout, c.params);
+            const TokenSelection kept = s.kept.to_host();
+            const auto want = out("scores").template to_vector<double>();
+            double mx = 0.0;
+            for (double x : want) mx = std::max(mx, x);
+            for (std::int64_t j = 0; j < c.n; ++j)
+                REQUIRE(std::abs(kept.scores[0][static_cast<std::size_t>(j)] - want[static_cast<std::size_t>(j)]) <=
+                        kTol * (std::abs(want[static_cast<std::size_t>(j)]) + 1e-3 * mx));
+            const auto kept_mask = out("kept_mask").template to_vector<std::uint8_t>();
+            std::vector<std::uint8_t> mk(static_cast<std::size_t>(c.n), 0), mc(static_cast<std::size_t>(c.n), 0);
+            for (auto p : kept.indices[0]) mk[static_cast<std::size_t>(p)] = 1;
+            const TokenSelection core = s.core.to_host();  // (a named copy: a range-for over
+            for (auto p : core.indices[0]) mc[static_cast<std::size_t>(p)] = 1;  // to_host().indices[0] dangles)
+            REQUIRE(std::vector<std::uint8_t>(kept_mask.begin(), kept_mask.begin() + c.n) == mk);
+            // The golden core_mask is the set in force after each decode step (refreshed at step 0): the
+            // prefill's core set is checked by the CPU rule on the golden scores instead.
+            std::vector<std::uint8_t> wc(static_cast<std::size_t>(c.n), 0);
+            for (auto p : avl_select(want, c.layout, c.params).core) wc[static_cast<std::size_t>(p)] = 1;
+            REQUIRE(mc == wc);
+            ++checked;
+        };
+        if (c.dtype == "fp32") run(float{});
+        else if (c.dtype == "fp16") run(vlsparse::half{});
+        else run(bfloat16{});
+    }
+    REQUIRE(checked >= 2);
+}
+
+TEST_CASE("cuda avl: errors", "[cuda][avl]") {
+    cuda::AvlSelector sel;
+    const Layout layout = Layout::parse("text:8,image:48,text:8");
+    const std::int64_t n = 64, H = 4, Hkv = 2, d = 64;
+    std::vector<bfloat16> q(static_cast<std::size_t>(n * H * d), bfloat16(0.5f)), k(static_cast<std::size_t>(n * Hkv * d), bfloat16(0.25f));
+    cuda::DeviceArray<bfloat16> qd(q), kd(k);
+    const View3<const bfloat16> qv(qd.data(), {n, H, d}), kv(kd.data(), {n, Hkv, d});
+    AvlParams P;
+    P.text_rate = 0.5;
+    REQUIRE_THROWS_WITH(sel.select(qv, kv, layout, P), Contains("not on the GPU yet"));
+    P.text_rate = 0.0;
+    P.rate = 0.8;  // above compute_rate 0.7
+    REQUIRE_THROWS_WITH(sel.select(qv, kv, layout, P), Contains("compute_rate"));
+    P.rate = 0.5;
+    REQUIRE_THROWS_WITH(sel.select(qv, kv, Layout::parse("text:10"), P), Contains("one row per present position"));
+    const std::vector<std::int64_t> unsorted{3, 2};
+    REQUIRE_THROWS_WITH(sel.select(View3<const bfloat16>(qd.data(), {2, H, d}), View3<const bfloat16>(kd.data(), {2, Hkv, d}),
+                                   layout, P, unsorted),
+                        Contains("sorted"));
+    std::vector<bfloat16> kn(k);
+    kn[300] = bfloat16(std::nanf(""));
+    cuda::DeviceArray<bfloat16> knd(kn);
+    REQUIRE_THROWS_WITH(sel.select(qv, View3<const bfloat16>(knd.data(), {n, Hkv, d}), layout, P), Contains("NaN or Inf"));
+    const auto& s = sel.select(qv, kv, layout, P);  // still usable
+    REQUIRE(s.kept.indptr.back() == 16 + 24);        // the text tokens and half of the image
+    REQUIRE(s.core.indptr.back() == 14);             // floor(0.3 * 48)
+}
