@@ -59,6 +59,7 @@ struct ReferenceBackend {
     template <class... A> static auto purekv_window_scores(A&&... a) { return reference::purekv_window_scores(std::forward<A>(a)...); }
     template <class... A> static auto purekv_select(A&&... a) { return reference::purekv_select(std::forward<A>(a)...); }
     template <class... A> static void purekv_st_attention(A&&... a) { reference::purekv_st_attention(std::forward<A>(a)...); }
+    template <class... A> static auto purekv_validate(A&&... a) { return reference::purekv_validate(std::forward<A>(a)...); }
     template <class TQ, class TK>
     static void masked(View3<const TQ> q, View3<const TK> k, View3<const TK> v, const MaskContext& ctx,
                        const std::vector<MaskTemplate>& heads, View3<float> out, const AttentionOptions& opt) {
@@ -87,6 +88,7 @@ struct SimdBackend {
     template <class... A> static auto purekv_window_scores(A&&... a) { return simd::purekv_window_scores(std::forward<A>(a)...); }
     template <class... A> static auto purekv_select(A&&... a) { return simd::purekv_select(std::forward<A>(a)...); }
     template <class... A> static void purekv_st_attention(A&&... a) { simd::purekv_st_attention(std::forward<A>(a)...); }
+    template <class... A> static auto purekv_validate(A&&... a) { return simd::purekv_validate(std::forward<A>(a)...); }
     template <class TQ, class TK>
     static void masked(View3<const TQ> q, View3<const TK> k, View3<const TK> v, const MaskContext& ctx,
                        const std::vector<MaskTemplate>& heads, View3<float> out, const AttentionOptions& opt) {
@@ -445,6 +447,24 @@ void bind_backend(py::module_& m) {
     }, "scores"_a, "v"_a, "layer"_a, "params"_a = py::none(),
        "PureKV's importance (Eq. 3-4) and kept set of layer `layer` from `scores` (its own, or layer l0's) -> PureKVSelection.");
 
+    m.def("purekv_validate", [](const PureKVScores& l0_scores, py::array q, py::array k, py::array v, std::int64_t layer,
+                                py::object params) {
+        const char* fn = "purekv_validate";
+        const Inputs in = inputs(fn, {{"q", q}, {"k", k}, {"v", v}});
+        const PureKVParams P = purekv_params(params);
+        const PureKVLayerValidation r = dispatch(in.dtype, [&](auto tag) {
+            using T = typename decltype(tag)::type;
+            const auto Q = view<T, 3>(in.arrays[0], fn, "q"), K = view<T, 3>(in.arrays[1], fn, "k"), Vv = view<T, 3>(in.arrays[2], fn, "v");
+            py::gil_scoped_release nogil;
+            return B::purekv_validate(l0_scores, Q, K, Vv, layer, P);
+        });
+        py::list groups;
+        for (const auto& g : r.groups) groups.append(py::dict("rho"_a = g.rho, "p_value"_a = g.p_value, "n"_a = g.n));
+        return groups;
+    }, "l0_scores"_a, "q"_a, "k"_a, "v"_a, "layer"_a, "params"_a = py::none(),
+       "PureKV's validation (Eq. 5-7) of layer `layer`: Spearman between the cross-layer estimate (l0's scores times "
+       "the layer's ||V||) and the layer's own, per group -> list of {'rho', 'p_value', 'n'}.");
+
     m.def("purekv_st_attention", [](py::array q, py::array k, py::array v, py::object layout, py::object params) {
         const Inputs in = inputs("purekv_st_attention", {{"q", q}, {"k", k}, {"v", v}});
         const PureKVParams P = purekv_params(params);
@@ -686,6 +706,11 @@ void init_module(py::module_& m) {
     }, "policy"_a, "layout"_a, "params"_a = py::none(), "layer"_a = 0,
        "The prefill selection of the baselines that read no attention (StreamingLLM, random, fixed ratio; one "
        "implementation) -> TokenSelection.");
+
+    m.def("spearman", [](const std::vector<double>& x, const std::vector<double>& y) {
+        const SpearmanResult r = spearman(x, y);
+        return py::dict("rho"_a = r.rho, "p_value"_a = r.p_value, "n"_a = r.n);
+    }, "x"_a, "y"_a, "Spearman's rank correlation (average ranks for ties) and its two-sided p-value -> {'rho', 'p_value', 'n'}.");
 
     m.def("layout_n", [](const std::string& spec) { return Layout::parse(spec).n(); }, "spec"_a,
           "The number of tokens of a layout spec such as 'text:6,image:150[10x15],text:4' (validates it).");

@@ -134,6 +134,17 @@ def test_purekv(rng, dtype, grouping):
     assert_scores(b.v_norm, a.v_norm, "v_norm")
     assert_same_sets(b.selection.indices, a.selection.indices, a.importance, "kept")
     assert_attention(simd.purekv_st_attention(q, k, v, layout, params), ref.purekv_st_attention(q, k, v, layout, params), "ST")
+    va, vb = ref.purekv_validate(sa, q, k, v, 4, params), simd.purekv_validate(sa, q, k, v, 4, params)
+    assert len(va) == (2 if grouping == "kv_head" else 1) and all(-1 <= g["rho"] <= 1 for g in va)
+    assert_scores([g["rho"] for g in vb], [g["rho"] for g in va], "validation rho")
+
+
+def test_spearman():
+    r = vlsparse.spearman([1, 2, 3, 4, 5], [5, 6, 7, 8, 7])
+    assert r["n"] == 5 and abs(r["rho"] - 0.8207826816681233) < 1e-12  # scipy.stats.spearmanr
+    assert vlsparse.spearman([1, 2, 3], [3, 2, 1])["rho"] == -1.0
+    with pytest.raises(vlsparse.Error, match="n >= 3"):
+        vlsparse.spearman([1, 2], [2, 1])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

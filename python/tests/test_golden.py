@@ -179,3 +179,7 @@ def test_anchors_purekv(backend, case):
         masked = layer >= P["st_start_layer"]
         out = B.purekv_st_attention(q, k, v, m["layout"], P) if masked else B.dense_attention(q, k, v)
         compare(dict(specs["prefill_out"], name=f"prefill_out[{layer}]"), out, exp("prefill_out")[layer])
+        if layer > l0:  # Eq. 5-7: the estimate against the layer's own scores
+            val = B.purekv_validate(s0, q, k, v, layer, P)
+            compare(dict(specs["validation_rho"], name=f"rho[{layer}]"), [g["rho"] for g in val], exp("validation_rho")[layer - l0 - 1])
+            compare(dict(specs["validation_p"], name=f"p[{layer}]"), [g["p_value"] for g in val], exp("validation_p")[layer - l0 - 1])
