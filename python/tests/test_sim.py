@@ -1,5 +1,9 @@
 # vlsparse.sim.run: the simulator's run and compare as functions returning the JSON report.
 import json
+import os
+import subprocess
+
+import pytest
 
 import vlsparse
 
@@ -38,3 +42,24 @@ def test_run_path_with_sets_and_compare(tmp_path):
 def test_default_scenario():
     s = vlsparse.sim.default_scenario()
     assert s["name"] == "default" and len(s["policies"]) == 10
+
+
+def without_times(x):
+    """The report without what differs between two runs of one scenario: times, rates and thread counts."""
+    if isinstance(x, dict):
+        return {k: without_times(v) for k, v in x.items() if not k.endswith("_s") and k not in ("threads", "gflops")}
+    if isinstance(x, list):
+        return [without_times(v) for v in x]
+    return x
+
+
+@pytest.mark.skipif(not os.environ.get("VLSPARSE_SIM"), reason="vlsparse-sim not built (-Dsimulator=false): VLSPARSE_SIM unset")
+def test_run_is_the_simulators_report(tmp_path):
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps(SMALL))
+    cli = tmp_path / "cli.json"
+    subprocess.run([os.environ["VLSPARSE_SIM"], "run", str(path), "--json", str(cli), "--no-html", "--quiet"],
+                   check=True, capture_output=True)
+    expected = without_times(json.loads(cli.read_text()))
+    got = without_times(vlsparse.sim.run(path))
+    assert got == expected
