@@ -2,6 +2,8 @@
 # .npy files and checked by vlsparse.golden.verify (the simulator's golden verify); a wrong output
 # fails it. Other algorithms' golden outputs as anchors, compared under the manifest's metric.
 import json
+import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -183,3 +185,18 @@ def test_anchors_purekv(backend, case):
             val = B.purekv_validate(s0, q, k, v, layer, P)
             compare(dict(specs["validation_rho"], name=f"rho[{layer}]"), [g["rho"] for g in val], exp("validation_rho")[layer - l0 - 1])
             compare(dict(specs["validation_p"], name=f"p[{layer}]"), [g["p_value"] for g in val], exp("validation_p")[layer - l0 - 1])
+
+
+@pytest.mark.skipif(not os.environ.get("VLSPARSE_SIM"), reason="vlsparse-sim not built (-Dsimulator=false): VLSPARSE_SIM unset")
+def test_verify_is_the_simulators(tmp_path):
+    golden = GOLDEN_DIR / "zipvl" / "small_n_all_probes"
+    outputs = run_zipvl(vlsparse.reference, golden)
+    outputs["normalized"] = outputs["normalized"] * (1 + 1e-4)
+    for name, a in outputs.items():
+        np.save(tmp_path / f"{name}.npy", a)
+    cli = tmp_path / "cli.json"
+    r = subprocess.run([os.environ["VLSPARSE_SIM"], "golden", "verify", str(tmp_path), "--golden", str(golden), "--json", str(cli)],
+                       capture_output=True)
+    assert r.returncode == 1  # a failure found
+    got = vlsparse.golden.verify(tmp_path, golden)
+    assert got == json.loads(cli.read_text()) and not got["pass"]
