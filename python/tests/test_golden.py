@@ -187,7 +187,8 @@ def test_anchors_purekv(backend, case):
             compare(dict(specs["validation_p"], name=f"p[{layer}]"), [g["p_value"] for g in val], exp("validation_p")[layer - l0 - 1])
 
 
-@pytest.mark.skipif(not os.environ.get("VLSPARSE_SIM"), reason="vlsparse-sim not built (-Dsimulator=false): VLSPARSE_SIM unset")
+@pytest.mark.skipif(not os.path.isfile(os.environ.get("VLSPARSE_SIM", "")),
+                    reason="vlsparse-sim not built (-Dsimulator=false, or not compiled yet): no file at $VLSPARSE_SIM")
 def test_verify_is_the_simulators(tmp_path):
     golden = GOLDEN_DIR / "zipvl" / "small_n_all_probes"
     outputs = run_zipvl(vlsparse.reference, golden)

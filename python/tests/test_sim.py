@@ -53,7 +53,8 @@ def without_times(x):
     return x
 
 
-@pytest.mark.skipif(not os.environ.get("VLSPARSE_SIM"), reason="vlsparse-sim not built (-Dsimulator=false): VLSPARSE_SIM unset")
+@pytest.mark.skipif(not os.path.isfile(os.environ.get("VLSPARSE_SIM", "")),
+                    reason="vlsparse-sim not built (-Dsimulator=false, or not compiled yet): no file at $VLSPARSE_SIM")
 def test_run_is_the_simulators_report(tmp_path):
     path = tmp_path / "small.json"
     path.write_text(json.dumps(SMALL))
