@@ -1,6 +1,8 @@
-// GPU selection benchmark: ZipVL's whole selection (probes, probe attention, scores, p from tau, top-k,
-// the device lists) per layer, on the tensor cores, over the shapes of "CUDA II" (bf16, H = 28,
-// H_kv = 4, d = 128, batch 1, n = 8K .. 128K). The PyTorch side (cuDNN / flash dense causal prefill of
+// GPU selection benchmark: every policy's selection of one layer, from the device q / k / v to the device
+// lists, over the shapes of "CUDA II" (bf16, H = 28, H_kv = 4, d = 128, batch 1, n = 8K .. 128K): ZipVL's
+// whole selection (probes, probe attention, scores, p from tau, top-k), H2O (n <= 32K: it scores every
+// row), SnapKV, FastV, A-VL (kept + core sets), PureKV (at l0: window scores + V norms + top-h; above l0: V norms + top-h only),
+// StreamingLLM, random and fixed ratio (host lists uploaded). The PyTorch side (cuDNN / flash dense causal prefill of
 // the same layer, and the same selection written with PyTorch ops) is bench/torch_select_bench.py;
 // bench/cuda_select_report.py joins the two CSV files.
 //
@@ -22,6 +24,9 @@
 #include <vector>
 
 #include <vlsparse/core/rng.hpp>
+#include <vlsparse/cuda/avl.cuh>
+#include <vlsparse/cuda/baselines.cuh>
+#include <vlsparse/cuda/purekv.cuh>
 #include <vlsparse/cuda/zipvl.cuh>
 
 #include "cuda_bench_util.cuh"
@@ -58,6 +63,8 @@ int main(int argc, char** argv) {
     const std::int64_t H = 28, Hkv = 4, d = 128;
     bench::EventTimer timer;
     cuda::ZipVLSelector sel;
+    cuda::BaselineScorer scorer;
+    cuda::AvlSelector avl;
 
     for (const std::int64_t n : ns) {
         // Inputs: uniform [-1, 1], and every 97th key row scaled by 3 (heavy hitters).
@@ -83,6 +90,65 @@ int main(int argc, char** argv) {
             std::fflush(out);
             std::fprintf(stderr, "n %lld: %.1f us, kept %.3f, p %lld\n", static_cast<long long>(n), med,
                          s.kept_ratio(), static_cast<long long>(s.p.at(0)));
+        }
+        // The other policies, each its whole selection call (which ends in one synchronization).
+        auto row = [&](const char* policy, double med, double kept, const char* note) {
+            std::fprintf(out, "vlsparse,%s,bf16,%lld,%lld,%lld,%lld,%.2f,%.4f,,%s\n", policy, static_cast<long long>(H),
+                         static_cast<long long>(Hkv), static_cast<long long>(d), static_cast<long long>(n), med, kept, note);
+            std::fflush(out);
+            std::fprintf(stderr, "n %lld %s: %.1f us, kept %.3f\n", static_cast<long long>(n), policy, med, kept);
+        };
+        std::vector<bfloat16> vh(k);
+        cuda::DeviceArray<bfloat16> vd(vh);
+        const View3<const bfloat16> vv(vd.data(), {n, Hkv, d});
+        if (n <= 32768) {
+            H2OParams P;
+            P.heavy = TokenBudget::ratio(0.1);
+            P.recent = TokenBudget::ratio(0.1);
+            const double med = timer.median_us([&] { scorer.h2o_device_select(qv, kv, P); }, warmup, reps);
+            row("h2o_select", med, scorer.h2o_device_select(qv, kv, P).kept_ratio(), "heavy 10% recent 10% per KV head");
+        }
+        {
+            SnapKVParams P;
+            P.window = 32;
+            P.kernel = 7;
+            P.capacity = TokenBudget::ratio(0.2);
+            const double med = timer.median_us([&] { scorer.snapkv_device_select(qv, kv, P); }, warmup, reps);
+            row("snapkv_select", med, scorer.snapkv_device_select(qv, kv, P).kept_ratio(), "window 32 avg pool 7 capacity 20% per KV head");
+        }
+        {
+            FastVParams P;
+            P.rate = 0.5;
+            const double med = timer.median_us([&] { scorer.fastv_device_select(qv, kv, layout, P); }, warmup, reps);
+            row("fastv_select", med, scorer.fastv_device_select(qv, kv, layout, P).kept_ratio(), "rate 0.5 (also A-VL's prefill score)");
+        }
+        {
+            PureKVParams P;  // window 32, 20% budget, per KV head, l0 = 2
+            cuda::PureKVEstimator est(P, layout, ModelShape{4, H, Hkv, d});
+            const double med0 = timer.median_us([&] { est.observe(2, qv, kv); est.select(2, vv); }, warmup, reps);
+            row("purekv_select_l0", med0, est.select(2, vv).kept_ratio(), "window scores + V norms + top-h (layer l0)");
+            const double med1 = timer.median_us([&] { est.select(3, vv); }, warmup, reps);
+            row("purekv_select_above_l0", med1, est.select(3, vv).kept_ratio(), "V norms + top-h (a layer above l0, Eq. 4)");
+        }
+        {
+            AvlParams P;  // rate 0.5, compute_rate 0.7: kept and core sets (two list builds)
+            const double med = timer.median_us([&] { avl.select(qv, kv, layout, P); }, warmup, reps);
+            row("avl_select", med, avl.select(qv, kv, layout, P).kept.kept_ratio(), "rate 0.5 compute_rate 0.7 kept + core sets");
+        }
+        {
+            StreamingLLMParams P;
+            P.sinks = 4;
+            P.recent = TokenBudget::ratio(0.2);
+            const double med = timer.median_us([&] { scorer.streamingllm_device_select(n, P); }, warmup, reps);
+            row("streamingllm_select", med, scorer.streamingllm_device_select(n, P).kept_ratio(), "4 sinks + 20% recent (host list uploaded)");
+            RandomParams R;
+            R.keep = TokenBudget::ratio(0.2);
+            const double medr = timer.median_us([&] { scorer.random_device_select(layout, 1, R); }, warmup, reps);
+            row("random_select", medr, scorer.random_device_select(layout, 1, R).kept_ratio(), "20% (host list uploaded)");
+            FixedRatioParams F;
+            F.keep = TokenBudget::ratio(0.2);
+            const double medf = timer.median_us([&] { scorer.fixed_ratio_device_select(layout, F); }, warmup, reps);
+            row("fixed_ratio_select", medf, scorer.fixed_ratio_device_select(layout, F).kept_ratio(), "20% uniform stride (host list uploaded)");
         }
     }
     if (out != stdout) std::fclose(out);

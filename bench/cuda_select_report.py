@@ -57,6 +57,30 @@ def main(argv=None):
         if speed is not None and n == 16384:
             verdicts.append(f"- n = 16K: {speed:.1f}x faster than the PyTorch-ops selection (target >= 10x): "
                             f"{'met' if speed >= 10 else 'MISSED'}")
+    # Every other policy: its selection time and its share of cuDNN's dense causal prefill of the layer
+    # (target of "CUDA II": <= 5% from 16K).
+    others = ["h2o_select", "snapkv_select", "fastv_select", "avl_select", "purekv_select_l0", "purekv_select_above_l0",
+              "streamingllm_select", "random_select", "fixed_ratio_select"]
+    present = [p for p in others if any((p, n) in t for n in ns)]
+    if present:
+        lines2 = ["", "| policy (kept) | " + " | ".join(f"{n // 1024}K" for n in ns) + " |",
+                  "| --- |" + " --- |" * len(ns)]
+        for p in present:
+            cells = []
+            kept = next((meta[(p, n)]["kept"] for n in ns if (p, n) in meta), "")
+            for n in ns:
+                x, cud = t.get((p, n)), t.get(("cudnn_prefill", n))
+                if x is None:
+                    cells.append("-")
+                    continue
+                share = x / cud if cud else None
+                cells.append(us(x) + ("" if share is None else f" ({share * 100:.2f}%)"))
+                if share is not None and n >= 16384:
+                    verdicts.append(f"- {p}, n = {n // 1024}K: {share * 100:.2f}% of cuDNN prefill (target <= 5%): "
+                                    f"{'met' if share <= 0.05 else 'MISSED'}")
+            label = p + (f" ({float(kept) * 100:.0f}%)" if kept else "")
+            lines2.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines += lines2
     text = "\n".join(lines + [""] + verdicts) + "\n"
     if a.out == "-":
         sys.stdout.write(text)
