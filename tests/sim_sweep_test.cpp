@@ -455,3 +455,36 @@ TEST_CASE("sim realism: the generator's planted head kinds show in the statistic
     CHECK(e.rc == 2);
     CHECK_THAT(e.err, Contains("--rows: '0' is not an integer in [1, 1048576]"));
 }
+
+TEST_CASE("sim fit: the generator fitted to a synthetic target with other parameters", "[sim][realism][fit]") {
+    // a target whose planted sink and locality differ from the defaults: the fit lowers the distance
+    json t = sweep_small_json(0);
+    t["source"] = {{"kind", "synthetic"}, {"params", {{"sink", 4.0}, {"local", 20.0}}}};
+    t["seed"] = 5;
+    const Scenario target = scenario_from_json(t, "target");
+    RealismOptions o;
+    o.rows = 8;
+    const FitResult F = fit_generator(target, o, 1);
+    CHECK(F.distance_start == realism_distance(F.start, F.target));
+    CHECK(F.distance_fitted == realism_distance(F.fitted, F.target));
+    CHECK(F.distance_fitted < 0.75 * F.distance_start);  // one pass of a local search: measured 0.54x at 16 rows
+    CHECK(F.params["sink"].get<double>() < 16.0);   // moved towards the target's 4
+    CHECK(F.params["local"].get<double>() > 10.0);  // and its 20
+    CHECK(F.evaluations > 8);
+    // the command line writes a scenario that runs
+    const fs::path f = sweep_write_scenario(t, "fit");
+    const fs::path out = f.parent_path() / "fitted.json";
+    const Out r = sweep_cli({"fit", f.string(), "--rows", "8", "--passes", "1", "--quiet", "--out", out.string()});
+    INFO(r.out << r.err);
+    REQUIRE(r.rc == 0);
+    CHECK_THAT(r.out, Contains("generator defaults"));
+    std::ifstream jf(out);
+    const json fitted = json::parse(jf);
+    CHECK(fitted["source"]["kind"] == "synthetic");
+    CHECK(fitted["source"]["params"] == F.params);
+    const Scenario back = scenario_from_json(fitted, out.string());
+    CHECK(back.layout.to_string() == target.layout.to_string());
+    const Out e = sweep_cli({"fit"});
+    CHECK(e.rc == 2);
+    CHECK_THAT(e.err, Contains("missing TARGET"));
+}

@@ -121,6 +121,7 @@ inline const char* kTopUsage =
     "  sweep [SCENARIO.json]      compare's sweeps over several seeds, fidelity at matched budgets\n"
     "  claims [SCENARIO.json]     the four papers' central claims measured at matched budgets, with verdicts\n"
     "  realism [SCENARIO.json]    attention statistics of the source (sinks, locality, entropy, cross-layer)\n"
+    "  fit TARGET.json            synthetic generator parameters resembling the target's statistics\n"
     "  characterize [SCENARIO]    BlindSight calibration (Algorithms 1 + 2) over several prompts -> head map\n"
     "  masks [SCENARIO | --layout SPEC]   the mask templates of a prompt as SVG pictures\n"
     "  golden verify DIR --golden golden/ALGORITHM/CASE\n"
@@ -235,6 +236,25 @@ inline const char* kRealismUsage =
     "  --local-radius R   locality: keys i - R .. i (default 4)\n"
     "  --json FILE        also write the numbers as JSON\n"
     "  --set PATH=VALUE   override a scenario key (see run --help)\n"
+    "  --quiet            no progress bar\n"
+    "  -h, --help         this text\n";
+
+inline const char* kFitUsage =
+    "usage: vlsparse-sim fit TARGET.json [options]\n"
+    "\n"
+    "Fits the synthetic generator to a target scenario's source (typically a dump of a real model from\n"
+    "sim/tools/dump_qkv.py): on the target's prompt layout and model shape, a coordinate search from the\n"
+    "generator's defaults over sink, heavy, local, document, noise (x0.5, x0.75, x1.33, x2) and the diffuse\n"
+    "head shares of layer 0, layer 1 and later layers (-0.2 .. +0.2) lowers the distance between the\n"
+    "statistics of `vlsparse-sim realism` (mean over layers of their squared differences). Prints the\n"
+    "target's, the defaults' and the fitted statistics and the distances, and writes the target scenario\n"
+    "with the fitted synthetic source. A local search: it says how far it got, not that it is optimal.\n"
+    "\n"
+    "options:\n"
+    "  --out FILE         the fitted scenario (default fitted-scenario.json)\n"
+    "  --passes N         passes over the parameters (default 2)\n"
+    "  --rows N           query rows per layer of the statistics (default 64)\n"
+    "  --set PATH=VALUE   override a key of the target scenario (see run --help)\n"
     "  --quiet            no progress bar\n"
     "  -h, --help         this text\n";
 

@@ -323,11 +323,69 @@ inline int cmd_realism(Args& a) {
     std::printf("\nmasses: mean attention probability of the sampled rows (all heads) on token 0, on the first 10%% of\n"
                 "every image, on the last local-radius + 1 keys; entropy normalized by ln(i + 1); diffuse heads: mean\n"
                 "normalized entropy > 0.75; heavy: share of PureKV's window scores on the top 5%% of keys; rho: Spearman\n"
-                "of those scores against the next layer's. docs/simulator-sources.md defines them.\n");
+                "of those scores against the next layer's. docs/simulator.md (Generator realism) defines them.\n");
     if (json_out) {
         write_text_file(*json_out, realism_json(s, R, ro).dump(2) + "\n", "JSON report");
         std::printf("JSON report: %s\n", json_out->c_str());
     }
+    return 0;
+}
+
+// fit TARGET: the synthetic generator's parameters that resemble the target's statistics (sim/realism.hpp).
+inline int cmd_fit(Args& a) {
+    std::optional<std::string> file;
+    std::string out = "fitted-scenario.json";
+    std::vector<std::string> sets;
+    RealismOptions ro;
+    std::int64_t passes = 2;
+    bool quiet = false;
+    while (!a.empty()) {
+        if (a.flag("-h") || a.flag("--help")) {
+            std::fputs(kFitUsage, stdout);
+            return 0;
+        }
+        if (auto v = a.value("--rows")) ro.rows = a.integer("--rows", *v, 1, 1 << 20);
+        else if (auto v1 = a.value("--passes")) passes = a.integer("--passes", *v1, 1, 100);
+        else if (auto v2 = a.value("--out")) out = *v2;
+        else if (auto v3 = a.value("--set")) sets.push_back(*v3);
+        else if (a.flag("--quiet")) quiet = true;
+        else if (!a.peek().empty() && a.peek()[0] == '-') a.fail("unknown option '" + a.peek() + "'");
+        else if (!file) file = a.next();
+        else a.fail("unexpected argument '" + a.peek() + "' (one scenario file at most)");
+    }
+    if (!file) a.fail("missing TARGET: a scenario whose source to fit (e.g. one with a dump source)");
+    const Scenario s = detail::load_with_sets(file, sets);
+    if (s.model.head_dim < 8) a.fail("the target's head_dim = " + std::to_string(s.model.head_dim) + ", the generator needs >= 8");
+    check_writable(out, "fitted scenario");
+    print_header(stdout, "fit", s, nullptr);
+    std::fflush(stdout);
+    Progress progress(!quiet);
+    const auto t0 = std::chrono::steady_clock::now();
+    const FitResult F = fit_generator(s, ro, passes, &progress);
+    std::printf("  target   %s\n\n", F.target.source.c_str());
+    RealismResult shown;
+    shown.layers = {F.target.mean, F.start.mean, F.fitted.mean};
+    text::Table t({"", "first", "image", "local", "entropy", "head", "diffuse", "heavy", "rho"},
+                  {"(means over layers)", "token", "sinks", "mass", "(norm.)", "entropy sd", "heads", "top 5%", "next layer"});
+    const char* names[] = {"target", "generator defaults", "fitted"};
+    for (int i = 0; i < 3; ++i) {
+        const LayerRealism& x = shown.layers[static_cast<std::size_t>(i)];
+        t.row({names[i], text::pct(x.first_token_mass), text::pct(x.image_sink_mass), text::pct(x.local_mass), text::fix(x.entropy, 3),
+               text::fix(x.head_entropy_std, 3), text::pct(x.diffuse_share, 0), text::pct(x.heavy_share),
+               std::isfinite(x.rho_next) ? text::fix(x.rho_next, 3) : "-"});
+    }
+    t.print(stdout, "  ");
+    std::printf("\ndistance (mean over layers of the squared differences of every statistic): defaults %.4g, fitted %.4g "
+                "(%lld evaluations, %.1f s)\nfitted source params: %s\n",
+                F.distance_start, F.distance_fitted, static_cast<long long>(F.evaluations),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), F.params.dump().c_str());
+    json j = to_json(s);
+    j["name"] = s.name + " (synthetic, fitted)";
+    j["description"] = "The synthetic generator fitted by `vlsparse-sim fit` to the statistics of " +
+                       (s.file.empty() ? std::string("the built-in default") : s.file) + " (" + F.target.source + ").";
+    j["source"] = {{"kind", "synthetic"}, {"params", F.params}};
+    write_text_file(out, j.dump(2) + "\n", "fitted scenario");
+    std::printf("fitted scenario: %s\n", std::filesystem::absolute(out).lexically_normal().string().c_str());
     return 0;
 }
 
@@ -600,7 +658,7 @@ inline int sim_main(int argc, char** argv) {
     if (!args.empty() && !args[0].empty() && args[0][0] != '-') {
         const std::string& c = args[0];
         if (c == "run" || c == "compare" || c == "characterize" || c == "masks" || c == "golden" || c == "policies" ||
-            c == "export" || c == "sweep" || c == "claims" || c == "realism") {
+            c == "export" || c == "sweep" || c == "claims" || c == "realism" || c == "fit") {
             cmd = c;
             args.erase(args.begin());
         } else if (!(c.size() > 5 && c.compare(c.size() - 5, 5, ".json") == 0)) {
@@ -615,6 +673,7 @@ inline int sim_main(int argc, char** argv) {
         if (cmd == "sweep") return cmd_sweep(a);
         if (cmd == "claims") return cmd_claims(a);
         if (cmd == "realism") return cmd_realism(a);
+        if (cmd == "fit") return cmd_fit(a);
         if (cmd == "characterize") return cmd_characterize(a);
         if (cmd == "masks") return cmd_masks(a);
         if (cmd == "golden") return cmd_golden(a);

@@ -18,6 +18,15 @@
 //   rho_next          Spearman's rho of those scores against the next layer's (cross-layer consistency
 //                     of importance: what PureKV exploits); NaN for the last layer or a constant sample
 // Overall: the mean over layers (rho_next over the layers that have one).
+//
+// fit_generator(target): the synthetic generator's parameters that make these statistics resemble the
+// target's (typically a dump of a real model, sim/tools/dump_qkv.py) on the target's prompt layout and
+// model shape. Distance: the mean over layers of the squared differences of every statistic above
+// (rho_next where both are finite). Search: coordinate descent from the generator's defaults over
+// sink, heavy, local, document, noise (each tried x0.5, x0.75, x1.33, x2 within bounds) and the
+// diffuse shares of layer 0, layer 1 and later layers (each tried -0.2, -0.1, +0.1, +0.2 within
+// [0, 1]), keeping every move that lowers the distance, for `passes` passes. A local search: it
+// never makes the distance worse than the defaults', and says how much it lowered it.
 // Include: <vlsparse/sim/realism.hpp>
 #pragma once
 
@@ -40,6 +49,7 @@
 #include "vlsparse/sim/report_json.hpp"
 #include "vlsparse/sim/report_text.hpp"
 #include "vlsparse/sim/scenario.hpp"
+#include "vlsparse/sim/synthetic.hpp"
 
 namespace vlsparse::sim {
 
@@ -229,6 +239,84 @@ inline json realism_json(const Scenario& s, const RealismResult& R, const Realis
                   {"diffuse_entropy", o.diffuse_entropy}}},
                 {"layers", layers},
                 {"mean", one(R.mean)}};
+}
+
+// The distance between two measurements of the same number of layers (see the header comment).
+inline double realism_distance(const RealismResult& a, const RealismResult& b) {
+    if (a.layers.size() != b.layers.size() || a.layers.empty())
+        throw ::vlsparse::error("realism_distance", "the measurements have " + std::to_string(a.layers.size()) + " and " +
+                                                        std::to_string(b.layers.size()) + " layers, expected the same number > 0");
+    double d = 0;
+    for (std::size_t l = 0; l < a.layers.size(); ++l)
+        for (const auto& [key, f] : realism_fields()) {
+            const double x = a.layers[l].*f, y = b.layers[l].*f;
+            if (std::isfinite(x) && std::isfinite(y)) d += (x - y) * (x - y);
+        }
+    return d / static_cast<double>(a.layers.size());
+}
+
+struct FitResult {
+    json params;                              // the fitted synthetic source's params
+    RealismResult target, start, fitted;      // start: the generator's defaults
+    double distance_start = 0, distance_fitted = 0;
+    std::int64_t evaluations = 0;
+};
+
+inline FitResult fit_generator(const Scenario& target, const RealismOptions& o, std::int64_t passes = 2,
+                               Progress* progress = nullptr) {
+    if (passes < 1 || passes > 100)
+        throw ::vlsparse::error("vlsparse-sim fit", "--passes " + std::to_string(passes) + ", expected 1 <= passes <= 100");
+    struct Key {
+        const char* name;
+        double start, lo, hi;
+        bool share;  // a share in [0, 1]: additive steps
+    };
+    const SyntheticParams D;
+    const std::vector<Key> keys = {{"sink", D.sink, 0.0, 64.0, false},         {"heavy", D.heavy, 0.0, 32.0, false},
+                                   {"local", D.local, 0.0, 40.0, false},       {"document", D.document, 0.0, 24.0, false},
+                                   {"noise", D.noise, 0.05, 3.0, false},       {"diffuse_layer0", D.diffuse_layer0, 0.0, 1.0, true},
+                                   {"diffuse_layer1", D.diffuse_layer1, 0.0, 1.0, true}, {"diffuse_later", D.diffuse_later, 0.0, 1.0, true}};
+    FitResult F;
+    F.target = measure_realism(target, o);
+    Scenario c = target;
+    c.decode_steps = 0;
+    c.source = SourceSpec{};
+    c.source.kind = SourceKind::synthetic;
+    auto eval = [&](const json& params) {
+        c.source.params = params;
+        ++F.evaluations;
+        return measure_realism(c, o);
+    };
+    json best = json::object();
+    for (const auto& k : keys) best[k.name] = k.start;
+    F.start = eval(best);
+    F.distance_start = realism_distance(F.start, F.target);
+    double best_d = F.distance_start;
+    F.fitted = F.start;
+    const std::vector<double> factors = {0.5, 0.75, 4.0 / 3.0, 2.0}, steps = {-0.2, -0.1, 0.1, 0.2};
+    if (progress) progress->start(static_cast<double>(passes) * static_cast<double>(keys.size()));
+    for (std::int64_t pass = 0; pass < passes; ++pass)
+        for (const auto& k : keys) {
+            const double v0 = best[k.name].get<double>();
+            for (double f : k.share ? steps : factors) {
+                const double v = std::clamp(k.share ? v0 + f : v0 * f, k.lo, k.hi);
+                if (v == best[k.name].get<double>()) continue;
+                json trial = best;
+                trial[k.name] = v;
+                RealismResult r = eval(trial);
+                const double dist = realism_distance(r, F.target);
+                if (dist < best_d) {
+                    best_d = dist;
+                    best = trial;
+                    F.fitted = std::move(r);
+                }
+            }
+            if (progress) progress->advance(1.0, std::string("pass ") + std::to_string(pass + 1) + ", " + k.name);
+        }
+    if (progress) progress->finish();
+    F.params = best;
+    F.distance_fitted = best_d;
+    return F;
 }
 
 }  // namespace vlsparse::sim
