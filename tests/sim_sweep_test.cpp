@@ -1,6 +1,6 @@
 // Tests of `vlsparse-sim sweep` (interpolation at matched budgets, seeds, outputs), of the ablations of
 // issue 16 (PureKV's own-layer scores, A-VL's K = 1 and no core split, BlindSight uniform against a
-// head map), and of `vlsparse-sim claims` end to end on a small scenario.
+// head map), of `vlsparse-sim claims` end to end on a small scenario, and of `realism` and `fit`.
 #include <catch2/catch.hpp>
 
 #include <cmath>
