@@ -46,7 +46,6 @@ using namespace pybind11::literals;
 // ---- the two backends, one static function per operation ------------------------------------
 
 struct ReferenceBackend {
-    static constexpr const char* name = "reference";
     template <class... A> static void dense(A&&... a) { reference::dense_attention(std::forward<A>(a)...); }
     template <class... A> static void sparse(A&&... a) { reference::sparse_attention(std::forward<A>(a)...); }
     template <class... A> static void decode(A&&... a) { reference::decode_attention(std::forward<A>(a)...); }
@@ -75,7 +74,6 @@ struct ReferenceBackend {
 };
 
 struct SimdBackend {
-    static constexpr const char* name = "simd";
     template <class... A> static void dense(A&&... a) { simd::dense_attention(std::forward<A>(a)...); }
     template <class... A> static void sparse(A&&... a) { simd::sparse_attention(std::forward<A>(a)...); }
     template <class... A> static void decode(A&&... a) { simd::decode_attention(std::forward<A>(a)...); }
@@ -179,7 +177,6 @@ py::list cache_contents(const KvCache<T>& c) {
 
 template <class B>
 void bind_backend(py::module_& m) {
-    const std::string pre = std::string(B::name) + ".";
 
     m.def("dense_attention", [](py::array q, py::array k, py::array v, float scale, bool check_finite) {
         const Inputs in = inputs("dense_attention", {{"q", q}, {"k", k}, {"v", v}});
@@ -591,8 +588,6 @@ void bind_backend(py::module_& m) {
         });
     }, "policy"_a, "q"_a, "k"_a, "layout"_a = py::none(), "params"_a = py::none(),
        "The prefill selection of H2O, SnapKV or FastV (params: the policy's Params as a dict) -> TokenSelection.");
-
-    (void)pre;
 }
 
 }  // namespace
