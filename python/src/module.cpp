@@ -386,6 +386,8 @@ void bind_backend(py::module_& m) {
         const auto G = static_cast<std::int64_t>(sel.kept.groups());
         py::array_t<std::uint8_t> core({S, static_cast<py::ssize_t>(n)}), read({S, static_cast<py::ssize_t>(G), static_cast<py::ssize_t>(n + S)}),
             refresh(S);
+        py::array_t<double> refresh_scores({S, static_cast<py::ssize_t>(n)});
+        std::fill_n(refresh_scores.mutable_data(), refresh_scores.size(), 0.0);
         std::fill_n(core.mutable_data(), core.size(), 0);
         std::fill_n(read.mutable_data(), read.size(), 0);
         std::fill_n(refresh.mutable_data(), refresh.size(), 0);
@@ -411,14 +413,18 @@ void bind_backend(py::module_& m) {
                 for (std::int64_t g = 0; g < G; ++g)
                     for (auto p : st.read.indices[static_cast<std::size_t>(g)]) read.mutable_data()[(t * G + g) * (n + S) + p] = 1;
                 refresh.mutable_data()[t] = st.refresh ? 1 : 0;
+                if (st.refresh)
+                    for (const auto& [p, score] : sch.last_refresh_scores()) refresh_scores.mutable_data()[t * n + p] = score;
             }
         });
-        return py::dict("out"_a = out, "core_mask"_a = core, "read_mask"_a = read, "refresh"_a = refresh);
+        return py::dict("out"_a = out, "core_mask"_a = core, "read_mask"_a = read, "refresh"_a = refresh,
+                        "refresh_scores"_a = refresh_scores);
     }, "selection"_a, "k"_a, "v"_a, "decode_q"_a, "decode_k"_a, "decode_v"_a, "params"_a = py::none(), py::kw_only(),
        "scale"_a = 0.0f, "check_finite"_a = true,
        "A-VL's decode: the prefill cache k, v [n, H_kv, d] keeps the selection, then S steps (decode_q [S, H, d], "
        "decode_k, decode_v [S, H_kv, d]) by the schedule -> dict out [S, H, d], core_mask [S, n], read_mask "
-       "[S, G, n + S], refresh [S].");
+       "[S, G, n + S], refresh [S], refresh_scores [S, n] (a refresh step's head-mean attention of the kept image "
+       "positions that re-ranked the core set; 0 elsewhere).");
 
     // ---- PureKV
     m.def("purekv_window_scores", [](py::array q, py::array k, std::int64_t layer, py::object params) {

@@ -1,6 +1,6 @@
-# Golden round trips: every ZipVL case through both backends of the module, the outputs written as
-# .npy files and checked by vlsparse.golden.verify (the simulator's golden verify); a wrong output
-# fails it. Other algorithms' golden outputs as anchors, compared under the manifest's metric.
+# Golden round trips: every ZipVL and A-VL case through both backends of the module, the outputs
+# written as .npy files and checked by vlsparse.golden.verify (the simulator's golden verify); a wrong
+# output fails it. Other algorithms' golden outputs as anchors, compared under the manifest's metric.
 import json
 import os
 import subprocess
@@ -134,7 +134,7 @@ def test_anchors_baselines(backend, case):
 
 @pytest.mark.parametrize("backend", ["reference", "simd"])
 @pytest.mark.parametrize("case", ["trace_k3_gqa_fp32", "single_span_mqa_fp16", "async_text_h2o_bf16"])
-def test_anchors_avl(backend, case):
+def test_avl_round_trip(tmp_path, backend, case):
     B = getattr(vlsparse, backend)
     m, x = load(GOLDEN_DIR / "avl" / case)
     specs = {t["name"]: t for t in m["outputs"]}
@@ -143,9 +143,16 @@ def test_anchors_avl(backend, case):
     compare(specs["scores"], sel.scores, exp("scores"))
     compare(specs["kept_mask"], sel.kept.mask(), exp("kept_mask"))
     r = B.avl_decode(sel, x["k"], x["v"], x["decode_q"], x["decode_k"], x["decode_v"], m["params"])
-    for name in ["core_mask", "read_mask", "refresh"]:
+    for name in ["core_mask", "read_mask", "refresh", "refresh_scores"]:
         compare(specs[name], r[name], exp(name))
     compare(specs["decode_out"], r["out"], exp("decode_out"))
+    # Every output of the case, through golden.verify.
+    outputs = {"scores": sel.scores, "kept_mask": sel.kept.mask(), "decode_out": r["out"],
+               **{name: r[name] for name in ["core_mask", "read_mask", "refresh", "refresh_scores"]}}
+    for name, a in outputs.items():
+        np.save(tmp_path / f"{name}.npy", a)
+    v = vlsparse.golden.verify(tmp_path, GOLDEN_DIR / "avl" / case)
+    assert v["pass"] and len(v["cases"][0]["outputs"]) == len(outputs), v
 
 
 @pytest.mark.parametrize("case", ["streamingllm_rolling", "random_visual", "random_all_count", "fixed_ratio_last_all",
