@@ -106,6 +106,10 @@ TEST_CASE("cuda avl: kept, core and prefill-filter sets against the CPU rules an
         random_case<bfloat16>("text:4,image:40,text:2,image:40,text:3", 4, 1, 64, filtered, true, ++seed, sel);
     }
     random_case<bfloat16>("text:100,video:8x2400,text:60", 8, 2, 128, false, false, ++seed, sel);
+    // 40 images: more spans (ranking tasks) than the kernel takes in its parameters.
+    std::string many = "text:3";
+    for (int i = 0; i < 40; ++i) many += ",image:" + std::to_string(17 + i % 5) + ",text:2";
+    random_case<bfloat16>(many, 4, 2, 64, true, false, ++seed, sel);
 }
 
 TEST_CASE("cuda avl: the golden/avl cases without a text budget (scores, kept and core masks)", "[cuda][avl][golden]") {

@@ -252,6 +252,10 @@ TEST_CASE("cuda baselines: device lists equal the CPU selection on the same scor
     device_select_case<bfloat16>(40000, 4, 1, 64, "text:100,image:19900,text:50,image:19900,text:50", false, ++seed, sc);
     device_select_case<bfloat16>(5000, 4, 2, 64, "text:10,image:4980,text:10", true, ++seed, sc);
     device_select_case<bfloat16>(1, 2, 1, 64, "text:1", false, ++seed, sc);
+    // 40 images: more ranking tasks (FastV per image) than the kernel takes in its parameters.
+    std::string many = "text:3";
+    for (int i = 0; i < 40; ++i) many += ",image:" + std::to_string(17 + i % 5) + ",text:2";
+    device_select_case<bfloat16>(Layout::parse(many).n(), 4, 2, 64, many, false, ++seed, sc);
 }
 
 TEST_CASE("cuda baselines: StreamingLLM, random and fixed-ratio lists on the device", "[cuda][baselines][device_select]") {

@@ -19,8 +19,7 @@
 // filter (m = present.size()). The scores are the probe column sums of the last row (the runner ZipVL
 // and the baselines share), fp32; the ranking is exact on them (see selection/lists.cuh), so the kept
 // sets equal what the CPU code keeps on the same fp32 scores and differ from the reference only where
-// its double scores tie within fp32 precision at a cut. Each call synchronizes `stream` twice (select:
-// the kept lists, then the core lists ranked among them) or once (prefill_filter).
+// its double scores tie within fp32 precision at a cut. Each call synchronizes `stream` once.
 // Not on the GPU yet: the text budget (text_rate > 0: H2O for text) and the decode refresh re-rank
 // (DecodeSchedule); both are an error here, use the CPU path's avl_text_h2o / DecodeSchedule.
 // Include: this header, from a .cu translation unit (nvcc, C++20).
@@ -97,8 +96,8 @@ public:
         kept_.begin(1, r.n, 0, 0, other, stream, fn);
         for (const auto& s : r.spans) kept_.rank(0, s.start, s.end(), avl_budget(s.length, P.rate));
         kept_.run_tasks(scores_, r.n, present_mask_, stream, fn);
-        r.kept = finish(kept_, stream, fn);
-        // Core: each span's top min(floor((1 - compute_rate) len), kept) among its kept positions.
+        // Core: each span's top min(floor((1 - compute_rate) len), kept) among its kept positions (the
+        // kept ranking's mask, before it is compacted: both lists then share one synchronization).
         core_.begin(1, r.n, 0, 0, {}, stream, fn);
         for (const auto& s : r.spans) {
             const std::int64_t in_span = static_cast<std::int64_t>(std::lower_bound(pr.begin(), pr.end(), s.end()) -
@@ -109,7 +108,13 @@ public:
             core_.rank(0, s.start, s.end(), cb);
         }
         core_.run_tasks_device(scores_, r.n, kept_.keep_mask(), stream, fn);
-        r.core = finish(core_, stream, fn);
+        kept_.compact(stream, fn);
+        core_.compact(stream, fn);
+        kept_.enqueue_read(stream, fn, status_);
+        core_.enqueue_read(stream, fn, status_);
+        detail::check_cuda(cudaStreamSynchronize(stream), fn, "cudaStreamSynchronize");
+        r.kept = collect(kept_, fn);
+        r.core = collect(core_, fn);
         return r;
     }
 
@@ -191,6 +196,13 @@ private:
 
     DeviceSelection finish(detail::ListBuilder& b, cudaStream_t stream, const char* fn) {
         b.finish(stream, fn, status_);
+        return checked(b, fn);
+    }
+    DeviceSelection collect(detail::ListBuilder& b, const char* fn) {
+        b.collect();
+        return checked(b, fn);
+    }
+    DeviceSelection checked(detail::ListBuilder& b, const char* fn) {
         detail::require((b.extra_status() & detail::kInputNonFinite) == 0, fn,
                         "q or k holds NaN or Inf (in k, or in the last row of q)");
         detail::require((b.status() & detail::kScoreBad) == 0, fn,

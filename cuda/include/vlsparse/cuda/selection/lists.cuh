@@ -98,19 +98,26 @@ struct RankTask {
 
 inline constexpr int kScoreBad = 4;  // status bit: a ranked score is NaN, Inf or negative
 
+inline constexpr int kInlineTasks = 32;  // tasks passed in the kernel parameters (more: a device array)
+
 struct MarkArgs {
+    RankTask inline_tasks[kInlineTasks];    // the tasks when there are at most kInlineTasks
     const float* scores = nullptr;          // score of (g, j) at scores[g * stride + j]
     std::int64_t stride = 0;
     const std::uint8_t* eligible = nullptr; // [n] shared by every group, or null (every position)
     const RankTask* tasks = nullptr;        // device [blocks]
     int n = 0;
+    int cached = 0;                         // tasks up to this length are ranked from shared memory
     std::uint8_t* keep = nullptr;           // [G][n]
     int* status = nullptr;
 };
 
-// keep[g][j] = (f_lo <= j < f_hi) || forced[j]   (forced: [n] or null), grid-stride over G x n.
+// keep[g][j] = (f_lo <= j < f_hi) || forced[j]   (forced: [n] or null), grid-stride over G x n; the
+// status word cleared.
 template <int Unused = 0>
-__global__ void init_keep_kernel(std::uint8_t* keep, int G, int n, int f_lo, int f_hi, const std::uint8_t* forced) {
+__global__ void init_keep_kernel(std::uint8_t* keep, int G, int n, int f_lo, int f_hi, const std::uint8_t* forced,
+                                 int* status) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) *status = 0;
     const std::int64_t total = static_cast<std::int64_t>(G) * n;
     for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
          i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
@@ -125,7 +132,7 @@ __global__ void __launch_bounds__(kSelectThreads) mark_topk_kernel(const __grid_
     __shared__ RadixShared sh;
     __shared__ int s_count, s_bad;
     extern __shared__ __align__(16) unsigned char mark_dyn[];
-    const RankTask t = a.tasks[blockIdx.x];
+    const RankTask t = a.tasks ? a.tasks[blockIdx.x] : a.inline_tasks[blockIdx.x];
     if (threadIdx.x == 0) {
         sh.wh = reinterpret_cast<RadixWarpHist*>(mark_dyn);
         s_count = 0;
@@ -158,16 +165,29 @@ __global__ void __launch_bounds__(kSelectThreads) mark_topk_kernel(const __grid_
             if (!el || el[j]) keep[j] = 1;
         return;
     }
-    auto score = [&](int j) { return el && !el[j] ? -1.0f : base[j]; };
+    // Tasks of up to kSelectCacheMax positions are ranked from shared memory (-1: not eligible), the
+    // others from global memory.
+    float* cache = reinterpret_cast<float*>(mark_dyn + sizeof(RadixWarpHist));
+    const bool cached = len <= a.cached;
+    if (cached) {
+        for (int j = threadIdx.x; j < len; j += blockDim.x) cache[j] = el && !el[j] ? -1.0f : base[j];
+        __syncthreads();
+    }
+    auto score = [&](int j) { return cached ? cache[j] : (el && !el[j] ? -1.0f : base[j]); };
     unsigned vkey = 0;
     int need = 0, eq_count = 0;
     block_topk_threshold(sh, score, len, k, vkey, need, eq_count);
     const bool ranked = need < eq_count;
     block_compact(
-        sh, len, ranked, [&](int j) { return (!el || el[j]) && score_key(base[j]) == vkey; },
+        sh, len, ranked,
+        [&](int j) {
+            const float x = score(j);
+            return x >= 0.0f && score_key(x) == vkey;
+        },
         [&](int j, bool tie, int rank) {
-            if (el && !el[j]) return false;
-            const unsigned key = score_key(base[j]);
+            const float x = score(j);
+            if (x < 0.0f) return false;  // not eligible
+            const unsigned key = score_key(x);
             if (key > vkey || (key == vkey && (!ranked || (tie && rank < need)))) keep[j] = 1;
             return false;  // nothing written by block_compact itself
         },
@@ -220,7 +240,6 @@ public:
         status_ = small + 2 * G + 1;
         forced_ = reinterpret_cast<std::uint8_t*>(base + b_keep + 2 * b_lists + b_small);
         eligible_ = forced_ + align256(static_cast<std::size_t>(n));
-        check_cuda(cudaMemsetAsync(status_, 0, sizeof(int), stream), fn, "cudaMemsetAsync");
         const std::uint8_t* fd = nullptr;
         if (!forced.empty()) {
             require(static_cast<std::int64_t>(forced.size()) == n, fn, "forced mask of ", forced.size(), " bytes, expected ", n);
@@ -229,7 +248,7 @@ public:
         }
         const auto clamp = [&](std::int64_t x) { return static_cast<int>(std::clamp<std::int64_t>(x, 0, n)); };
         init_keep_kernel<><<<grid_for(G * n), 256, 0, stream>>>(keep_, static_cast<int>(G), static_cast<int>(n), clamp(f_lo),
-                                                                clamp(f_hi), fd);
+                                                                clamp(f_hi), fd, status_);
         check_launch(fn, "init_keep_kernel");
     }
 
@@ -259,13 +278,18 @@ public:
     void run_tasks_device(const float* scores, std::int64_t stride, const std::uint8_t* ed, cudaStream_t stream,
                           const char* fn) {
         if (tasks_.empty()) return;
-        auto* td = static_cast<RankTask*>(task_buf_.get(tasks_.size() * sizeof(RankTask), fn));
-        char* h = task_staging_.get(tasks_.size() * sizeof(RankTask), fn);
-        std::memcpy(h, tasks_.data(), tasks_.size() * sizeof(RankTask));
-        check_cuda(cudaMemcpyAsync(td, h, tasks_.size() * sizeof(RankTask), cudaMemcpyHostToDevice, stream), fn,
-                   "cudaMemcpyAsync");
-        task_staging_.mark(stream, fn);
         MarkArgs a;
+        RankTask* td = nullptr;
+        if (tasks_.size() > static_cast<std::size_t>(kInlineTasks)) {
+            td = static_cast<RankTask*>(task_buf_.get(tasks_.size() * sizeof(RankTask), fn));
+            char* h = task_staging_.get(tasks_.size() * sizeof(RankTask), fn);
+            std::memcpy(h, tasks_.data(), tasks_.size() * sizeof(RankTask));
+            check_cuda(cudaMemcpyAsync(td, h, tasks_.size() * sizeof(RankTask), cudaMemcpyHostToDevice, stream), fn,
+                       "cudaMemcpyAsync");
+            task_staging_.mark(stream, fn);
+        } else {
+            std::copy(tasks_.begin(), tasks_.end(), a.inline_tasks);
+        }
         a.scores = scores;
         a.stride = stride;
         a.eligible = ed;
@@ -276,11 +300,14 @@ public:
         // Set on every launch, never cached in a function-local static: this function is inline, so one
         // static would serve every translation unit of a program while each has its own copy of the kernel
         // (and the attribute is per device).
+        std::int32_t longest = 0;
+        for (const auto& t : tasks_) longest = std::max(longest, t.hi - t.lo);
+        a.cached = longest <= kSelectCacheMax ? longest : 0;
         auto* k = mark_topk_kernel<>;
         const cudaError_t attr = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                             static_cast<int>(select_smem_bytes(0)));
+                                                      static_cast<int>(select_smem_bytes(kSelectCacheMax)));
         check_cuda(attr, fn, "cudaFuncSetAttribute");
-        k<<<static_cast<unsigned>(tasks_.size()), kSelectThreads, select_smem_bytes(0), stream>>>(a);
+        k<<<static_cast<unsigned>(tasks_.size()), kSelectThreads, select_smem_bytes(a.cached), stream>>>(a);
         check_launch(fn, "mark_topk_kernel");
         tasks_.clear();
     }
@@ -288,6 +315,16 @@ public:
     // The keep masks compacted into CSR lists; one synchronization (list bounds and status to the host;
     // also the device int `extra_status`, when given: a scoring step's status word, see extra_status()).
     const DeviceSelection& finish(cudaStream_t stream, const char* fn, const int* extra_status = nullptr) {
+        compact(stream, fn);
+        enqueue_read(stream, fn, extra_status);
+        check_cuda(cudaStreamSynchronize(stream), fn, "cudaStreamSynchronize");
+        return collect();
+    }
+
+    // finish() in three steps, so that several builders share one synchronization: compact() and
+    // enqueue_read() on each, one cudaStreamSynchronize, then collect() on each. The keep mask stays
+    // readable (keep_mask()) until the next begin().
+    void compact(cudaStream_t stream, const char* fn) {
         const int G = static_cast<int>(G_), n = static_cast<int>(n_);
         keep_lists_kernel<><<<static_cast<unsigned>(G), kSelectThreads, 0, stream>>>(keep_, n, G == 1 ? indices_ : lists_,
                                                                                       count_, indptr_);
@@ -297,7 +334,30 @@ public:
             pack_lists_kernel<><<<pgrid, 256, 0, stream>>>(lists_, count_, n, G, indices_, indptr_);
             check_launch(fn, "pack_lists_kernel");
         }
-        return read_back(stream, fn, extra_status);
+    }
+    void enqueue_read(cudaStream_t stream, const char* fn, const int* extra_status = nullptr) {
+        const std::int64_t G = G_;
+        char* h = staging_.get(static_cast<std::size_t>(G + 3) * 4, fn);
+        back_ = reinterpret_cast<int*>(h);
+        check_cuda(cudaMemcpyAsync(back_, indptr_, static_cast<std::size_t>(G + 1) * 4, cudaMemcpyDeviceToHost, stream), fn,
+                   "cudaMemcpyAsync");
+        check_cuda(cudaMemcpyAsync(back_ + G + 1, status_, 4, cudaMemcpyDeviceToHost, stream), fn, "cudaMemcpyAsync");
+        back_[G + 2] = 0;
+        if (extra_status)
+            check_cuda(cudaMemcpyAsync(back_ + G + 2, extra_status, 4, cudaMemcpyDeviceToHost, stream), fn, "cudaMemcpyAsync");
+        staging_.mark(stream, fn);
+    }
+    // After the stream was synchronized.
+    const DeviceSelection& collect() {
+        const std::int64_t G = G_;
+        status_host_ = back_[G + 1];
+        extra_host_ = back_[G + 2];
+        res_ = DeviceSelection{};
+        res_.n = n_;
+        res_.indptr.assign(back_, back_ + G + 1);
+        res_.indices = indices_;
+        res_.indptr_dev = indptr_;
+        return res_;
     }
 
     // A host selection's lists on the device (StreamingLLM, random, fixed ratio: no arithmetic to do).
@@ -358,27 +418,6 @@ private:
         st.mark(stream, fn);
     }
 
-    const DeviceSelection& read_back(cudaStream_t stream, const char* fn, const int* extra_status) {
-        const std::int64_t G = G_;
-        char* h = staging_.get(static_cast<std::size_t>(G + 3) * 4, fn);
-        auto* back = reinterpret_cast<int*>(h);
-        check_cuda(cudaMemcpyAsync(back, indptr_, static_cast<std::size_t>(G + 1) * 4, cudaMemcpyDeviceToHost, stream), fn,
-                   "cudaMemcpyAsync");
-        check_cuda(cudaMemcpyAsync(back + G + 1, status_, 4, cudaMemcpyDeviceToHost, stream), fn, "cudaMemcpyAsync");
-        back[G + 2] = 0;
-        if (extra_status)
-            check_cuda(cudaMemcpyAsync(back + G + 2, extra_status, 4, cudaMemcpyDeviceToHost, stream), fn, "cudaMemcpyAsync");
-        staging_.mark(stream, fn);
-        check_cuda(cudaStreamSynchronize(stream), fn, "cudaStreamSynchronize");
-        status_host_ = back[G + 1];
-        extra_host_ = back[G + 2];
-        res_ = DeviceSelection{};
-        res_.n = n_;
-        res_.indptr.assign(back, back + G + 1);
-        res_.indices = indices_;
-        res_.indptr_dev = indptr_;
-        return res_;
-    }
 
 public:
     // The status word of the last finish() (kScoreBad: a ranked score was NaN, Inf or negative).
@@ -395,6 +434,7 @@ private:
     std::int32_t *lists_ = nullptr, *indices_ = nullptr, *indptr_ = nullptr;
     int *count_ = nullptr, *status_ = nullptr;
     int status_host_ = 0, extra_host_ = 0;
+    int* back_ = nullptr;  // pinned: list bounds and status words of the last enqueue_read()
     DeviceSelection res_;
 };
 
