@@ -22,6 +22,7 @@
 #include "vlsparse/io/purekv_json.hpp"
 #include "vlsparse/kv/kv_cache.hpp"
 #include "vlsparse/masks/block_mask.hpp"
+#include "vlsparse/masks/flops.hpp"
 #include "vlsparse/masks/templates.hpp"
 #include "vlsparse/policies/avl.hpp"
 #include "vlsparse/policies/baselines.hpp"
@@ -707,6 +708,43 @@ void init_module(py::module_& m) {
     }, "policy"_a, "layout"_a, "params"_a = py::none(), "layer"_a = 0,
        "The prefill selection of the baselines that read no attention (StreamingLLM, random, fixed ratio; one "
        "implementation) -> TokenSelection.");
+
+    m.def("blindsight_masks", [](const std::string& layout, py::object params) {
+        const BlindSightParams P = blindsight_params(params);
+        const Layout L = Layout::parse(layout);
+        const MaskContext ctx = make_mask_context(L, P.mask);
+        const auto n = static_cast<py::ssize_t>(ctx.n);
+        py::array_t<std::uint8_t> masks({py::ssize_t{4}, n, n});
+        py::array_t<std::int64_t> pairs(4);
+        py::array_t<double> paper(4), exact(4);
+        const TemplateValues fe = flops_reduction_exact(ctx), fp = flops_reduction_paper(L);
+        for (MaskTemplate t : kAllTemplates) {
+            const auto i = static_cast<py::ssize_t>(t);
+            const std::vector<std::uint8_t> mk = expand_mask(ctx, t);
+            std::copy(mk.begin(), mk.end(), masks.mutable_data() + i * n * n);
+            pairs.mutable_data()[i] = count_allowed_pairs(ctx, t);
+            paper.mutable_data()[i] = fp[t];
+            exact.mutable_data()[i] = fe[t];
+        }
+        return py::dict("masks"_a = masks, "allowed_pairs"_a = pairs, "flops_paper"_a = paper, "flops_exact"_a = exact);
+    }, "layout"_a, "params"_a = py::none(),
+       "BlindSight's four templates on a layout (index 0..3: Dense, Sink, Document, Document-Sink): masks uint8 "
+       "[4, n, n] (1 where query i may see key j), allowed_pairs [4], the FLOPs reductions against dense causal "
+       "attention flops_paper [4] (the paper's formula) and flops_exact [4] (exact pair counts).");
+
+    m.def("blindsight_aggregate", [](py::array_t<std::int64_t, py::array::c_style | py::array::forcecast> counts,
+                                     py::object params) {
+        const BlindSightParams P = blindsight_params(params);
+        detail::require(counts.ndim() == 2 && counts.shape(1) == 4, "blindsight_aggregate",
+                        "counts: expected [heads, 4] (prompts per template: Dense, Sink, Document, Document-Sink)");
+        std::vector<TemplateCounts> tc(static_cast<std::size_t>(counts.shape(0)));
+        for (std::size_t i = 0; i < tc.size(); ++i)
+            for (std::size_t t = 0; t < 4; ++t) tc[i].count[t] = counts.at(static_cast<py::ssize_t>(i), static_cast<py::ssize_t>(t));
+        std::vector<std::string> r;
+        for (MaskTemplate t : aggregate(tc, P)) r.emplace_back(to_string(t));
+        return r;
+    }, "counts"_a, "params"_a = py::none(),
+       "BlindSight's Algorithm 2: each head's template from how many prompts chose each one -> list of template names.");
 
     m.def("spearman", [](const std::vector<double>& x, const std::vector<double>& y) {
         const SpearmanResult r = spearman(x, y);

@@ -208,3 +208,30 @@ def test_verify_is_the_simulators(tmp_path):
     assert r.returncode == 1  # a failure found
     got = vlsparse.golden.verify(tmp_path, golden)
     assert got == json.loads(cli.read_text()) and not got["pass"]
+
+
+BLINDSIGHT_CASES = sorted(p.name for p in (GOLDEN_DIR / "blindsight").iterdir() if (p / "manifest.json").exists())
+
+
+@pytest.mark.parametrize("backend", ["reference", "simd"])
+@pytest.mark.parametrize("case", BLINDSIGHT_CASES)
+def test_blindsight_round_trip(tmp_path, backend, case):
+    # Every output a BlindSight case has (masks and FLOPs; masked attention, characterization and
+    # aggregation where the case has their inputs), through golden.verify.
+    B = getattr(vlsparse, backend)
+    m, x = load(GOLDEN_DIR / "blindsight" / case)
+    P, names = m["params"], ["Dense", "Sink", "Document", "Document-Sink"]
+    outputs = dict(vlsparse.blindsight_masks(m["layout"], P))
+    if "q" in x:
+        if "heads" in x:
+            outputs["masked_out"] = B.masked_attention(x["q"], x["k"], x["v"], m["layout"], [names[i] for i in x["heads"]], P)
+        ch = B.blindsight_characterize(x["q"], x["k"], x["v"], m["layout"], P)
+        outputs["nmse"] = np.array([[h["nmse"][t] for t in names] for h in ch])
+        outputs["chosen"] = np.array([names.index(h["chosen"]) for h in ch], np.int64)
+    if "counts" in x:
+        outputs["aggregated"] = np.array([names.index(t) for t in vlsparse.blindsight_aggregate(x["counts"], P)], np.int64)
+    for name, a in outputs.items():
+        np.save(tmp_path / f"{name}.npy", a)
+    v = vlsparse.golden.verify(tmp_path, GOLDEN_DIR / "blindsight" / case)
+    failed = [o["name"] + ": " + o["detail"] for o in v["cases"][0]["outputs"] if not o["pass"]]
+    assert v["pass"] and not failed and len(v["cases"][0]["outputs"]) == len(outputs), failed
