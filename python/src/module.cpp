@@ -70,6 +70,7 @@ struct ReferenceBackend {
     template <class... A> static auto h2o_select(A&&... a) { return reference::h2o_select(std::forward<A>(a)...); }
     template <class... A> static auto snapkv_window_scores(A&&... a) { return reference::snapkv_window_scores(std::forward<A>(a)...); }
     template <class... A> static auto snapkv_select(A&&... a) { return reference::snapkv_select(std::forward<A>(a)...); }
+    template <class... A> static auto snapkv_pool(A&&... a) { return reference::snapkv_pool(std::forward<A>(a)...); }
     template <class... A> static auto fastv_scores(A&&... a) { return reference::fastv_scores(std::forward<A>(a)...); }
     template <class... A> static auto fastv_select(A&&... a) { return reference::fastv_select(std::forward<A>(a)...); }
 };
@@ -98,6 +99,7 @@ struct SimdBackend {
     template <class... A> static auto h2o_select(A&&... a) { return simd::h2o_select(std::forward<A>(a)...); }
     template <class... A> static auto snapkv_window_scores(A&&... a) { return simd::snapkv_window_scores(std::forward<A>(a)...); }
     template <class... A> static auto snapkv_select(A&&... a) { return simd::snapkv_select(std::forward<A>(a)...); }
+    template <class... A> static auto snapkv_pool(A&&... a) { return simd::snapkv_pool(std::forward<A>(a)...); }
     template <class... A> static auto fastv_scores(A&&... a) { return simd::fastv_scores(std::forward<A>(a)...); }
     template <class... A> static auto fastv_select(A&&... a) { return simd::fastv_select(std::forward<A>(a)...); }
 };
@@ -556,6 +558,21 @@ void bind_backend(py::module_& m) {
         }));
     }, "q"_a, "k"_a, "window"_a, "groups"_a = "kv_head", py::kw_only(), "scale"_a = 0.0f, "check_finite"_a = true,
        "SnapKV's raw window scores -> [G, n - window] float64.");
+
+    m.def("snapkv_pool", [](py::array_t<double, py::array::c_style | py::array::forcecast> scores, std::int64_t kernel,
+                            const std::string& pooling) {
+        constexpr const char* fn = "snapkv_pool";
+        SnapKVPooling pl = SnapKVPooling::none;
+        if (pooling == "avg") pl = SnapKVPooling::avg;
+        else if (pooling == "max") pl = SnapKVPooling::max;
+        else detail::require(pooling == "none", fn, "pooling = '", pooling, "', expected 'avg', 'max' or 'none'");
+        detail::require(scores.ndim() == 2, fn, "scores has ", scores.ndim(), " dimensions, expected 2: [G, n - window]");
+        std::vector<std::vector<double>> r;
+        for (py::ssize_t g = 0; g < scores.shape(0); ++g)
+            r.push_back(B::snapkv_pool(std::span<const double>(scores.data(g, 0), static_cast<std::size_t>(scores.shape(1))), kernel, pl));
+        return scores.shape(0) ? to_array(r) : py::array_t<double>(std::vector<py::ssize_t>{0, scores.shape(1)});
+    }, "scores"_a, "kernel"_a, "pooling"_a = "avg",
+       "SnapKV's 1-D pooling of the window scores, per group -> [G, n - window] float64.");
 
     m.def("fastv_scores", [](py::array q, py::array k, float scale, bool check_finite) {
         const Inputs in = inputs("fastv_scores", {{"q", q}, {"k", k}});

@@ -235,3 +235,28 @@ def test_blindsight_round_trip(tmp_path, backend, case):
     v = vlsparse.golden.verify(tmp_path, GOLDEN_DIR / "blindsight" / case)
     failed = [o["name"] + ": " + o["detail"] for o in v["cases"][0]["outputs"] if not o["pass"]]
     assert v["pass"] and not failed and len(v["cases"][0]["outputs"]) == len(outputs), failed
+
+
+@pytest.mark.parametrize("backend", ["reference", "simd"])
+@pytest.mark.parametrize("case", ["snapkv_avg_gqa_fp32", "snapkv_max_mqa_fp16", "fastv_joint_bf16", "fastv_per_image_fp32",
+                                  "random_visual", "random_all_count", "fixed_ratio_last_all", "fixed_ratio_stride"])
+def test_baselines_round_trip(tmp_path, backend, case):
+    # The prefill-only baseline cases (H2O's and StreamingLLM's cases also hold decode steps: anchored above).
+    B = getattr(vlsparse, backend)
+    m, x = load(GOLDEN_DIR / "baselines" / case)
+    P, policy = m["params"], m["params"]["baseline"]
+    if policy == "snapkv":
+        window = B.snapkv_window_scores(x["q"], x["k"], P["window"], P["groups"])
+        sel = B.baseline_select(policy, x["q"], x["k"], m["layout"], P)
+        outputs = {"window_scores": window, "pooled": B.snapkv_pool(window, P["kernel"], P["pooling"]), "kept_mask": sel.mask()}
+    elif policy == "fastv":
+        sel = B.baseline_select(policy, x["q"], x["k"], m["layout"], P)
+        outputs = {"scores": B.fastv_scores(x["q"], x["k"]), "sequence_mask": sel.mask()[0]}
+    else:
+        layer = int(x["layer"][0]) if "layer" in x else 0
+        outputs = {"kept_mask": vlsparse.baseline_select_static(policy, m["layout"], P, layer).mask()[0]}
+    for name, a in outputs.items():
+        np.save(tmp_path / f"{name}.npy", a)
+    v = vlsparse.golden.verify(tmp_path, GOLDEN_DIR / "baselines" / case)
+    failed = [o["name"] + ": " + o["detail"] for o in v["cases"][0]["outputs"] if not o["pass"]]
+    assert v["pass"] and not failed and len(v["cases"][0]["outputs"]) == len(outputs), failed
