@@ -149,7 +149,15 @@ TEST_CASE("sim sweep: curves over seeds, mean and spread", "[sim][sweep]") {
 }
 
 TEST_CASE("sim sweep: every policy's default sweep, seeds, matched budgets", "[sim][sweep]") {
-    const Scenario s = scenario_from_json(sweep_small_json(), "small");
+    json js = sweep_small_json();
+    if (vt::small_run()) {  // sanitizer builds: three policies' sweeps (26 s -> 9 s under ASan + UBSan at -O0)
+        WARN("VLSPARSE_TEST_SMALL is set: the sweeps of zipvl, avl and snapkv only");
+        json keep = json::array();
+        for (const auto& p : js["policies"])
+            if (p["name"] == "zipvl" || p["name"] == "avl" || p["name"] == "snapkv") keep.push_back(p);
+        js["policies"] = keep;
+    }
+    const Scenario s = scenario_from_json(js, "small");
     SweepOptions o;
     o.seeds = 2;
     o.budgets = {0.2, 0.3, 0.5};
@@ -171,10 +179,15 @@ TEST_CASE("sim sweep: every policy's default sweep, seeds, matched budgets", "[s
             CHECK((up || down));
         }
     }
-    // the seeds differ (another prompt and model), and each seed's numbers equal a plain compare run
+    // each seed's numbers equal a plain compare run of that seed (ZipVL's and SnapKV's sweeps: each run
+    // is independent of the others in plain mode)
     Scenario s2 = s;
     s2.seed = s.seed + 1;
-    const RunResult r2 = run_engine(s2, sweep_policies(s2));
+    std::vector<PolicyToRun> some;
+    for (auto& p : sweep_policies(s2))
+        if (p.name == "zipvl" || p.name == "snapkv") some.push_back(std::move(p));
+    const std::size_t compared = some.size() + 1;
+    const RunResult r2 = run_engine(s2, std::move(some));
     std::size_t checked = 0;
     for (const auto& p : r2.runs) {
         const std::string pol = p.sweep_of.empty() ? p.label : p.sweep_of;
@@ -185,7 +198,7 @@ TEST_CASE("sim sweep: every policy's default sweep, seeds, matched budgets", "[s
                 ++checked;
             }
     }
-    CHECK(checked == per_seed);
+    CHECK(checked == compared);
     // matched interpolation: a budget equal to a measured kept ratio returns that point's value
     const SweepPoint* snap = nullptr;
     for (const auto& q : R.points)
@@ -212,7 +225,12 @@ TEST_CASE("sim sweep: every policy's default sweep, seeds, matched budgets", "[s
 }
 
 TEST_CASE("sim sweep: command line, outputs and bad input", "[sim][sweep]") {
-    const fs::path f = sweep_write_scenario(sweep_small_json(2), "cli");
+    json js = sweep_small_json(2);
+    json keep = json::array();  // a few policies: the command's outputs, not every policy again
+    for (const auto& p : js["policies"])
+        if (p["name"] == "zipvl" || p["name"] == "blindsight" || p["name"] == "snapkv") keep.push_back(p);
+    js["policies"] = keep;
+    const fs::path f = sweep_write_scenario(js, "cli");
     const fs::path d = f.parent_path();
     const Out r = sweep_cli({"sweep", f.string(), "--seeds", "1", "--budgets", "20%,0.5", "--quiet", "--json",
                        (d / "s.json.out").string(), "--out", d.string()});
