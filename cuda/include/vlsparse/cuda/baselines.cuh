@@ -48,26 +48,6 @@ namespace vlsparse::cuda {
 
 namespace detail {
 
-// out[g][j] (j < L) = sum over the splits (and, for one group, the KV heads) of col[z][h][j], in order.
-template <int Unused = 0>
-__global__ void group_column_sums_kernel(const float* col, int rsplit, int Hkv, int n, int G, int L, float* out) {
-    const std::int64_t total = static_cast<std::int64_t>(G) * L;
-    for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-        const int g = static_cast<int>(i / L), j = static_cast<int>(i % L);
-        float a = 0.0f;
-        for (int z = 0; z < rsplit; ++z) {
-            const float* cz = col + static_cast<std::int64_t>(z) * Hkv * n + j;
-            if (G == 1) {
-                for (int h = 0; h < Hkv; ++h) a += cz[static_cast<std::int64_t>(h) * n];
-            } else {
-                a += cz[static_cast<std::int64_t>(g) * n];
-            }
-        }
-        out[i] = a;
-    }
-}
-
 // SnapKV's pooling of each group's L scores: stride 1, padding kernel / 2; avg divides by the kernel
 // (zero padding counted, as F.avg_pool1d), max ignores the padding. mode: 0 none, 1 avg, 2 max.
 template <int Unused = 0>
@@ -306,7 +286,7 @@ private:
         if (L > 0) {
             detail::group_column_sums_kernel<><<<blocks, 256, 0, stream>>>(pc.col, pc.rsplit, static_cast<int>(Hkv),
                                                                             static_cast<int>(n), static_cast<int>(G),
-                                                                            static_cast<int>(L), sums);
+                                                                            static_cast<int>(L), static_cast<int>(L), sums);
             detail::check_launch(fn, "group_column_sums_kernel");
             if (pool_mode >= 0) {
                 detail::pool1d_kernel<><<<blocks, 256, 0, stream>>>(sums, static_cast<int>(G), static_cast<int>(L), kernel,

@@ -112,27 +112,6 @@ namespace detail {
 
 inline constexpr int kVNonFinite = 8;  // status bit: NaN / Inf in v
 
-// s[g][j] = the window's column sums of group g (the KV heads summed for one group), j < m; 0 for m <= j < n.
-template <int Unused = 0>
-__global__ void purekv_window_kernel(const float* col, int rsplit, int Hkv, int n, int G, int m, float* s) {
-    const std::int64_t total = static_cast<std::int64_t>(G) * n;
-    for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-        const int g = static_cast<int>(i / n), j = static_cast<int>(i % n);
-        float a = 0.0f;
-        if (j < m)
-            for (int z = 0; z < rsplit; ++z) {
-                const float* cz = col + static_cast<std::int64_t>(z) * Hkv * n + j;
-                if (G == 1) {
-                    for (int h = 0; h < Hkv; ++h) a += cz[static_cast<std::int64_t>(h) * n];
-                } else {
-                    a += cz[static_cast<std::int64_t>(g) * n];
-                }
-            }
-        s[i] = a;
-    }
-}
-
 // One warp per position j: ||V_{j,g}|| for every KV head (fp32 sum of squares), then the group's norm
 // (its own, or the mean over KV heads for one group) and I_j = s_j * norm (0 on the window).
 template <class TV>
@@ -232,10 +211,11 @@ public:
         if (sl.s.size() != static_cast<std::size_t>(G_ * n)) sl.s = DeviceArray<float>(static_cast<std::size_t>(G_ * n));
         // The probe status is sticky for the layer: copied next to the scores.
         if (sl.status.size() != 1) sl.status = DeviceArray<int>(1);
-        detail::purekv_window_kernel<><<<grid_for(G_ * n), 256, 0, stream>>>(pc.col, pc.rsplit, static_cast<int>(Hkv),
-                                                                              static_cast<int>(n), static_cast<int>(G_),
-                                                                              static_cast<int>(m), sl.s.data());
-        detail::check_launch(fn, "purekv_window_kernel");
+        // s[g][j]: the window's column sums for j < m, 0 on the window.
+        detail::group_column_sums_kernel<><<<grid_for(G_ * n), 256, 0, stream>>>(
+            pc.col, pc.rsplit, static_cast<int>(Hkv), static_cast<int>(n), static_cast<int>(G_), static_cast<int>(m),
+            static_cast<int>(n), sl.s.data());
+        detail::check_launch(fn, "group_column_sums_kernel");
         detail::check_cuda(cudaMemcpyAsync(sl.status.data(), pc.status, sizeof(int), cudaMemcpyDeviceToDevice, stream), fn,
                            "cudaMemcpyAsync");
         sl.scores = DevicePureKVScores{layer, n, w, shape_.heads / G_, G_, sl.s.data()};

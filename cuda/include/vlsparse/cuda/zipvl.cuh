@@ -41,6 +41,7 @@
 #include "vlsparse/core/selection.hpp"
 #include "vlsparse/core/tensor.hpp"
 #include "vlsparse/cuda/common.cuh"
+#include "vlsparse/cuda/selection/lists.cuh"
 #include "vlsparse/cuda/selection/probe_columns.cuh"
 #include "vlsparse/cuda/selection/probe_scores.cuh"
 #include "vlsparse/cuda/selection/select.cuh"
@@ -49,56 +50,20 @@
 
 namespace vlsparse::cuda {
 
-// What ZipVL decided for one layer, on the device (lists, scores) and on the host (probes, p, list
-// bounds). G groups: 1 (layer-wise) or H_kv (per KV head); a dense layer has one list of every position.
-struct DeviceZipVLSelection {
-    std::int64_t n = 0;
+// What ZipVL decided for one layer: the kept lists as every policy's (DeviceSelection: n, indptr,
+// indices, indptr_dev, rows(), kept_ratio(), to_host() with the ranked scores), plus ZipVL's own
+// results. G groups: 1 (layer-wise) or H_kv (per KV head); a dense layer has one list of every position.
+struct DeviceZipVLSelection : DeviceSelection {
     bool dense = false;
     std::int64_t heads_per_group = 0;
     std::vector<std::int64_t> probes;      // host, ascending
     std::vector<std::int64_t> p;           // host [G]: the adaptive count of each group
-    std::vector<std::int32_t> indptr;      // host [lists + 1]
-    const std::int32_t* indices = nullptr;     // device [indptr.back()]: the kept positions, list by list
-    const std::int32_t* indptr_dev = nullptr;  // device copy of indptr
     const float* accumulated = nullptr;    // device [G][n] a_j (null in a dense layer)
     const float* normalized = nullptr;     // device [G][n] a~_j (null in a dense layer)
     bool ranked_by_accumulated = false;    // params.ranking == accumulated: the lists rank a_j, not a~_j
+                                           // (DeviceSelection::scores points to the ranked ones)
 
     std::int64_t groups() const { return static_cast<std::int64_t>(p.size()); }
-    std::int64_t lists() const { return static_cast<std::int64_t>(indptr.size()) - 1; }
-    std::int64_t kept(std::int64_t list) const { return indptr.at(static_cast<std::size_t>(list) + 1) - indptr.at(static_cast<std::size_t>(list)); }
-    // Mean over lists of |kept| / n, as TokenSelection::kept_ratio.
-    double kept_ratio() const {
-        if (n == 0 || lists() == 0) return 0.0;
-        return static_cast<double>(indptr.back()) / (static_cast<double>(lists()) * static_cast<double>(n));
-    }
-    // The lists as the decode kernels and the KV compaction take them (batch of one sequence): one list
-    // shared by every KV head, or one per KV head.
-    BatchRowLists rows() const { return {indptr_dev, indices, static_cast<std::int32_t>(lists())}; }
-    // A host copy as the CPU paths return it (synchronizes the device).
-    TokenSelection to_host() const {
-        constexpr const char* fn = "cuda::DeviceZipVLSelection::to_host";
-        TokenSelection s;
-        s.n = n;
-        s.indices.resize(static_cast<std::size_t>(lists()));
-        std::vector<std::int32_t> all(static_cast<std::size_t>(indptr.empty() ? 0 : indptr.back()));
-        if (!all.empty())
-            detail::check_cuda(cudaMemcpy(all.data(), indices, all.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost),
-                               fn, "cudaMemcpy");
-        for (std::int64_t l = 0; l < lists(); ++l)
-            s.indices[static_cast<std::size_t>(l)].assign(all.begin() + indptr[static_cast<std::size_t>(l)],
-                                                          all.begin() + indptr[static_cast<std::size_t>(l) + 1]);
-        if (!dense) {
-            std::vector<float> sc(static_cast<std::size_t>(groups() * n));
-            detail::check_cuda(cudaMemcpy(sc.data(), ranked_by_accumulated ? accumulated : normalized, sc.size() * sizeof(float), cudaMemcpyDeviceToHost), fn,
-                               "cudaMemcpy");
-            s.scores.assign(static_cast<std::size_t>(groups()), std::vector<double>(static_cast<std::size_t>(n)));
-            for (std::int64_t g = 0; g < groups(); ++g)
-                for (std::int64_t j = 0; j < n; ++j)
-                    s.scores[static_cast<std::size_t>(g)][static_cast<std::size_t>(j)] = sc[static_cast<std::size_t>(g * n + j)];
-        }
-        return s;
-    }
 };
 
 // ZipVL's selection on the GPU with a reusable workspace (device buffers grow to the largest layer
@@ -256,6 +221,9 @@ public:
         r.accumulated = acc_d;
         r.normalized = nrm_d;
         r.ranked_by_accumulated = P.ranking == ZipVLRanking::accumulated;
+        r.scores = r.ranked_by_accumulated ? acc_d : nrm_d;
+        r.score_groups = G;
+        r.score_len = n;
         return r;
     }
 

@@ -151,6 +151,30 @@ inline void launch_probe_simt(ProbeArgs& a, cudaStream_t stream, const char* fn)
     }
 }
 
+// The column sums of each group from the runner's partials: out[g * out_len + j] = the sum over the
+// splits (and, for one group, over the KV heads) of col[z][h][j] for j < L, in a fixed order; 0 for
+// L <= j < out_len. Grid-stride over G x out_len.
+template <int Unused = 0>
+__global__ void group_column_sums_kernel(const float* col, int rsplit, int Hkv, int n, int G, int L, int out_len,
+                                         float* out) {
+    const std::int64_t total = static_cast<std::int64_t>(G) * out_len;
+    for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+        const int g = static_cast<int>(i / out_len), j = static_cast<int>(i % out_len);
+        float a = 0.0f;
+        if (j < L)
+            for (int z = 0; z < rsplit; ++z) {
+                const float* cz = col + static_cast<std::int64_t>(z) * Hkv * n + j;
+                if (G == 1) {
+                    for (int h = 0; h < Hkv; ++h) a += cz[static_cast<std::int64_t>(h) * n];
+                } else {
+                    a += cz[static_cast<std::int64_t>(g) * n];
+                }
+            }
+        out[i] = a;
+    }
+}
+
 struct ProbeColumnsResult {
     const float* col = nullptr;            // device [rsplit][H_kv][n]
     int rsplit = 1;
