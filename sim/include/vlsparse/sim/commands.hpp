@@ -67,12 +67,13 @@ struct ReportPaths {
     bool no_html = false;
     bool quiet = false;
     bool per_layer = false;
+    bool no_sweep = false;  // run: no budget sweep (the report's first section)
     std::vector<std::string> sets;
     std::optional<std::string> scenario;
 };
 
-// Options shared by run and compare; returns false on --help.
-inline bool parse_report_args(Args& a, ReportPaths& o, const char* usage) {
+// Options shared by run and compare (--no-sweep: run only); returns false on --help.
+inline bool parse_report_args(Args& a, ReportPaths& o, const char* usage, bool sweep_flag = false) {
     while (!a.empty()) {
         if (a.flag("-h") || a.flag("--help")) {
             std::fputs(usage, stdout);
@@ -85,6 +86,7 @@ inline bool parse_report_args(Args& a, ReportPaths& o, const char* usage) {
         else if (a.flag("--no-html")) o.no_html = true;
         else if (a.flag("--quiet")) o.quiet = true;
         else if (a.flag("--per-layer")) o.per_layer = true;
+        else if (sweep_flag && a.flag("--no-sweep")) o.no_sweep = true;
         else if (!a.peek().empty() && a.peek()[0] == '-') a.fail("unknown option '" + a.peek() + "'");
         else if (!o.scenario) o.scenario = a.next();
         else a.fail("unexpected argument '" + a.peek() + "' (one scenario file at most)");
@@ -98,26 +100,41 @@ inline void check_report_paths(const ReportPaths& o, const char* default_html) {
     if (!o.no_html) check_writable(o.html ? std::filesystem::path(*o.html) : o.out / default_html, "HTML report");
 }
 
+// sw: run's budget sweep (the HTML report's first section, "budget_sweep" in the JSON), or null.
 inline void write_reports(const std::string& command, const Scenario& s, const RunResult& r, const ReportPaths& o,
-                          const char* default_html) {
+                          const char* default_html, const SweepResult* sw = nullptr) {
     if (o.json) {
-        write_text_file(*o.json, report_json(command, s, r).dump(2) + "\n", "JSON report");
+        json j = report_json(command, s, r);
+        if (sw) j["budget_sweep"] = sweep_json(s, *sw);
+        write_text_file(*o.json, j.dump(2) + "\n", "JSON report");
         std::printf("JSON report: %s\n", o.json->c_str());
     }
     if (!o.no_html) {
         const std::filesystem::path html = o.html ? std::filesystem::path(*o.html) : o.out / default_html;
-        write_text_file(html, report_html(command, s, r), "HTML report");
+        write_text_file(html, report_html(command, s, r, sw ? decision_html(*sw) : std::string()), "HTML report");
         std::printf("HTML report: %s\n", std::filesystem::absolute(html).lexically_normal().string().c_str());
     }
 }
 
 }  // namespace detail
 
+inline std::vector<PolicyToRun> sweep_policies(const Scenario& s);
+
+// run's budget sweep: one seed, budgets 10, 20, 30, 50% (on the default scenario about 20 s on 2 cores;
+// `sweep` has seeds and other budgets).
+inline SweepOptions run_sweep_options() {
+    SweepOptions so;
+    so.seeds = 1;
+    so.budgets = {0.1, 0.2, 0.3, 0.5};
+    return so;
+}
+
 inline int cmd_run(Args& a) {
     detail::ReportPaths o;
-    if (!detail::parse_report_args(a, o, kRunUsage)) return 0;
+    if (!detail::parse_report_args(a, o, kRunUsage, true)) return 0;
     const Scenario s = detail::load_with_sets(o.scenario, o.sets);
     detail::check_report_paths(o, "sim-report.html");
+    if (!o.no_sweep) check_memory(s, sweep_policies(s).size() + 1);
     print_header(stdout, "run", s, nullptr);
     std::fflush(stdout);
     Progress progress(!o.quiet);
@@ -132,7 +149,16 @@ inline int cmd_run(Args& a) {
     std::printf("\nwall time %.2f s (%d thread(s)); ratios are against the dense run (first row); docs/simulator.md "
                 "defines every column.\n",
                 r.wall_s, r.threads);
-    detail::write_reports("run", s, r, o, "sim-report.html");
+    std::optional<SweepResult> sw;
+    if (!o.no_sweep) {
+        std::printf("\nbudget sweep: every policy over its sweep (as compare), 1 seed; --no-sweep skips it\n");
+        std::fflush(stdout);
+        sw = run_sweep(s, run_sweep_options(), [](const Scenario& si) { return sweep_policies(si); }, &progress);
+        print_best_at(stdout, *sw);
+        if (const std::string note = detail::out_of_range_note(*sw); !note.empty()) std::printf("  kept axis: %s\n", note.c_str());
+        std::printf("sweep: %zu runs, %.2f s; `vlsparse-sim sweep` for more seeds and budgets\n", sw->points.size(), sw->wall_s);
+    }
+    detail::write_reports("run", s, r, o, "sim-report.html", sw ? &*sw : nullptr);
     return 0;
 }
 

@@ -22,16 +22,48 @@ namespace vlsparse::sim {
 
 namespace detail {
 
-inline std::string html_table(const std::vector<std::string>& head, const std::vector<std::vector<std::string>>& rows) {
-    std::string s = "<table><thead><tr>";
-    for (const auto& h : head) s += "<th>" + svg::esc(h) + "</th>";
-    s += "</tr></thead><tbody>\n";
+// A table; with drop_empty, a column whose every cell is "" or "-" (e.g. decode columns without decode
+// steps) is left out; a header row of empty names is left out.
+inline std::string html_table(const std::vector<std::string>& head, const std::vector<std::vector<std::string>>& rows,
+                              bool drop_empty = true) {
+    std::vector<bool> keep(head.size(), true);
+    if (!rows.empty() && drop_empty)
+        for (std::size_t i = 1; i < head.size(); ++i) {
+            bool empty = true;
+            for (const auto& r : rows) empty &= i >= r.size() || r[i].empty() || r[i] == "-";
+            keep[i] = !empty;
+        }
+    bool named = false;
+    for (const auto& h : head) named |= !h.empty();
+    std::string s = "<div class=\"wide\"><table>";
+    if (named) {
+        s += "<thead><tr>";
+        for (std::size_t i = 0; i < head.size(); ++i)
+            if (keep[i]) s += "<th>" + svg::esc(head[i]) + "</th>";
+        s += "</tr></thead>";
+    }
+    s += "<tbody>\n";
     for (const auto& r : rows) {
         s += "<tr>";
-        for (std::size_t i = 0; i < r.size(); ++i) s += (i == 0 ? "<td class=\"l\">" : "<td>") + svg::esc(r[i]) + "</td>";
+        for (std::size_t i = 0; i < r.size(); ++i)
+            if (i >= keep.size() || keep[i]) s += (i == 0 ? "<td class=\"l\">" : "<td>") + svg::esc(r[i]) + "</td>";
         s += "</tr>\n";
     }
-    return s + "</tbody></table>\n";
+    return s + "</tbody></table></div>\n";
+}
+
+// The report's style sheet: the page fits a 1280 px window (plots scale down, wide tables scroll inside
+// their box, long JSON wraps).
+inline const char* report_css() {
+    return "body{font-family:sans-serif;max-width:1100px;margin:24px auto;padding:0 12px;color:#222}\n"
+           "table{border-collapse:collapse;margin:8px 0 16px;font-size:13px}\n"
+           "th,td{border:1px solid #ddd;padding:3px 7px;text-align:right}th{background:#f3f3f3}td.l{text-align:left}\n"
+           "h2{margin-top:32px;border-bottom:1px solid #ddd}figure{margin:8px 0}figcaption,.note{font-size:12px;color:#555}\n"
+           "svg{max-width:100%;height:auto}.wide{max-width:100%;overflow-x:auto}\n"
+           ".pair,.grid{display:flex;flex-wrap:wrap;gap:8px}.pair figure{margin:0;flex:1 1 520px;max-width:540px}\n"
+           ".grid figure{margin:0;flex:0 1 266px}.masks svg{width:260px;height:auto;margin-right:8px}\n"
+           "code{background:#f3f3f3;padding:0 3px;overflow-wrap:anywhere}dt{font-weight:bold;margin-top:6px}\n"
+           "summary{overflow-wrap:anywhere}\n";
 }
 
 inline std::string now_utc() {
@@ -44,22 +76,21 @@ inline std::string now_utc() {
 }  // namespace detail
 
 // The report. `command` is "run" or "compare" (compare: runs carry sweep_of / sweep_value).
-inline std::string report_html(const std::string& command, const Scenario& s, const RunResult& r) {
+// `first_screen`: HTML put first, under the title (run: the budget sweep's decision_html, sweep.hpp);
+// with it, the one-point-per-policy fidelity plots are left out (the sweep's curves replace them).
+inline std::string report_html(const std::string& command, const Scenario& s, const RunResult& r,
+                               const std::string& first_screen = "") {
     using svg::esc;
     const bool dec = s.decode_steps > 0;
     const auto& runs = r.runs;
     std::string h;
     h += "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>vlsparse-sim " + esc(command) + ": " +
-         esc(s.name) + "</title>\n<style>\n"
-         "body{font-family:sans-serif;max-width:1100px;margin:24px auto;padding:0 12px;color:#222}\n"
-         "table{border-collapse:collapse;margin:8px 0 16px;font-size:13px}\n"
-         "th,td{border:1px solid #ddd;padding:3px 7px;text-align:right}th{background:#f3f3f3}td.l{text-align:left}\n"
-         "h2{margin-top:32px;border-bottom:1px solid #ddd}figure{margin:8px 0}figcaption{font-size:12px;color:#555}\n"
-         ".masks svg{width:260px;height:auto;margin-right:8px}.kept svg{max-width:100%;height:auto}\n"
-         "code{background:#f3f3f3;padding:0 3px}dt{font-weight:bold;margin-top:6px}\n"
-         "</style></head><body>\n";
+         esc(s.name) + "</title>\n<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<style>\n" +
+         detail::report_css() + "</style></head><body>\n";
     h += "<h1>vlsparse-sim " + esc(command) + ": " + esc(s.name) + "</h1>\n";
     if (!s.description.empty()) h += "<p>" + esc(s.description) + "</p>\n";
+    h += first_screen;
+    if (!first_screen.empty()) h += "<h2>Scenario</h2>\n";
     h += detail::html_table(
         {"", ""},
         {{"model", std::to_string(s.model.layers) + " layers, H = " + std::to_string(s.model.heads) +
@@ -114,57 +145,75 @@ inline std::string report_html(const std::string& command, const Scenario& s, co
         }
     }
     const bool sweep = command == "compare";
-    auto per_layer = [&](auto value, bool skip_ref) {
-        std::vector<svg::Series> ser;
-        for (std::size_t k = skip_ref ? 1 : 0; k < runs.size(); ++k) {
-            svg::Series se;
-            se.name = sweep && !runs[k].sweep_of.empty() ? runs[k].sweep_of : runs[k].label;
-            se.colour = svg::color(group_of[k]);
-            se.in_legend = !sweep || first_of_group[k];
-            se.point_labels.assign(runs[k].layers.size(), runs[k].sweep_value);
+    // Small multiples: one panel per policy (the dense reference left out: 100% and NMSE 0 by
+    // construction), every panel on the same axes; a compare run draws each sweep value as a line.
+    auto multiples = [&](const std::string& title, auto value, svg::ChartOptions o, const std::string& caption) {
+        double lo = INFINITY, hi = -INFINITY;
+        for (std::size_t k = 1; k < runs.size(); ++k)
             for (const auto& L : runs[k].layers) {
-                se.x.push_back(static_cast<double>(L.layer));
-                se.y.push_back(value(L));
+                const double v = value(L);
+                if (!std::isfinite(v) || (o.log_y && v <= 0)) continue;
+                lo = std::min(lo, v), hi = std::max(hi, v);
             }
-            ser.push_back(se);
+        if (std::isfinite(lo)) {
+            if (!std::isfinite(o.y_min)) o.y_min = lo;
+            if (!std::isfinite(o.y_max)) o.y_max = hi;
         }
-        return ser;
+        o.legend = false;
+        o.width = 266;
+        o.height = 190;
+        std::string out = "<h3>" + esc(title) + "</h3>\n<div class=\"grid\">\n";
+        for (std::size_t k = 1; k < runs.size(); ++k) {
+            if (!first_of_group[k]) continue;
+            std::vector<svg::Series> ser;
+            for (std::size_t j = 1; j < runs.size(); ++j) {
+                if (group_of[j] != group_of[k]) continue;
+                svg::Series se;
+                se.name = runs[j].label;
+                se.colour = svg::color(group_of[j]);
+                se.marker = static_cast<int>(group_of[j] % 7);
+                se.point_labels.assign(runs[j].layers.size(), runs[j].sweep_value);
+                for (const auto& L : runs[j].layers) {
+                    se.x.push_back(static_cast<double>(L.layer));
+                    se.y.push_back(value(L));
+                }
+                ser.push_back(se);
+            }
+            svg::ChartOptions oo = o;
+            oo.title = sweep && !runs[k].sweep_of.empty() ? runs[k].sweep_of : runs[k].label;
+            out += "<figure class=\"panel\" data-policy=\"" + esc(oo.title) + "\">" + svg::line_chart(ser, oo) + "</figure>\n";
+        }
+        return out + "</div>\n" + (caption.empty() ? "" : "<p class=\"note\">" + caption + "</p>\n");
     };
-    h += "<h2>Per layer</h2>\n";
+    h += "<h2>Per layer</h2>\n<p class=\"note\">One panel per policy, all on the same axes" +
+         std::string(sweep ? "; one line per sweep value (hover a point for its value)" : "") + ".</p>\n";
     {
         svg::ChartOptions o;
-        o.title = "Kept ratio of the KV cache after the prefill";
         o.xlabel = "layer";
         o.integer_x = true;
-        o.ylabel = "kept (KV head, position) pairs";
+        o.ylabel = "kept pairs";
         o.percent_y = true;
         o.y_min = 0;
         o.y_max = 1;
-        h += "<figure>" + svg::line_chart(per_layer([](const LayerMetrics& L) { return L.kept_ratio; }, false), o) +
-             "</figure>\n";
+        h += multiples("Kept ratio of the KV cache after the prefill", [](const LayerMetrics& L) { return L.kept_ratio; }, o, "");
         o = {};
-        o.title = "Prefill output NMSE against dense";
         o.xlabel = "layer";
         o.integer_x = true;
         o.ylabel = "NMSE (log)";
         o.log_y = true;
-        h += "<figure>" +
-             svg::line_chart(per_layer([](const LayerMetrics& L) { return L.prefill_err.value(); }, true), o) +
-             "<figcaption>Over the outputs each policy computes; a dense layer has NMSE 0 and no point.</figcaption></figure>\n";
+        h += multiples("Prefill output NMSE against dense", [](const LayerMetrics& L) { return L.prefill_err.value(); }, o,
+                       "Over the outputs each policy computes; a layer whose outputs equal dense (NMSE 0) is a hollow "
+                       "marker on the row marked 0.");
         if (dec) {
-            o.title = "Decode output NMSE against dense";
-            h += "<figure>" +
-                 svg::line_chart(per_layer([](const LayerMetrics& L) { return L.decode_err.value(); }, true), o) +
-                 "</figure>\n";
+            h += multiples("Decode output NMSE against dense", [](const LayerMetrics& L) { return L.decode_err.value(); }, o, "");
             o = {};
-            o.title = "Dense attention mass on the keys each decode step reads";
             o.xlabel = "layer";
-        o.integer_x = true;
+            o.integer_x = true;
             o.ylabel = "mass retained";
             o.percent_y = true;
             o.y_max = 1;
-            h += "<figure>" + svg::line_chart(per_layer([](const LayerMetrics& L) { return L.mass_decode; }, false), o) +
-                 "</figure>\n";
+            h += multiples("Dense attention mass on the keys each decode step reads",
+                           [](const LayerMetrics& L) { return L.mass_decode; }, o, "");
         }
     }
 
@@ -189,8 +238,12 @@ inline std::string report_html(const std::string& command, const Scenario& s, co
              "pair); a policy's own scoring (probes, last-row scores) is in its wall time, not here.</figcaption></figure>\n";
     }
 
-    // ---- fidelity against budget
-    h += "<h2>Fidelity against budget</h2>\n";
+    // ---- fidelity against budget (run with the sweep: the first section has the curves)
+    if (!first_screen.empty())
+        h += "<h2>Fidelity against budget</h2>\n<p>Curves per policy, the Pareto front and the best policy at each budget: "
+             "<a href=\"#decide\">the first section</a>.</p>\n";
+    else {
+        h += "<h2>Fidelity against budget</h2>\n";
     {
         // One series per policy (a compare sweep: one point per value), sorted by the x value.
         auto fidelity = [&](auto xval, auto yval) {
@@ -201,7 +254,8 @@ inline std::string report_html(const std::string& command, const Scenario& s, co
                 const std::string key = p.sweep_of.empty() ? p.label : p.sweep_of;
                 if (!index.count(key)) {
                     index[key] = out.size();
-                    out.push_back(svg::Series{key, {}, {}, svg::color(group_of[k]), {}, true, true, 2.6, {}, {}});
+                    out.push_back(svg::Series{key, {}, {}, svg::color(group_of[k]), {}, true, true, 3.2, {}, {},
+                                              static_cast<int>(group_of[k] % 7), 1.5, ""});
                 }
                 auto& se = out[index[key]];
                 se.x.push_back(xval(p));
@@ -212,7 +266,7 @@ inline std::string report_html(const std::string& command, const Scenario& s, co
                 std::vector<std::size_t> o(se.x.size());
                 for (std::size_t i = 0; i < o.size(); ++i) o[i] = i;
                 std::sort(o.begin(), o.end(), [&](std::size_t a, std::size_t b) { return se.x[a] < se.x[b]; });
-                svg::Series t{se.name, {}, {}, se.colour, {}, true, true, 2.6, {}, {}};
+                svg::Series t{se.name, {}, {}, se.colour, {}, true, true, 3.2, {}, {}, se.marker, 1.5, ""};
                 for (auto i : o) {
                     t.x.push_back(se.x[i]);
                     t.y.push_back(se.y[i]);
@@ -237,7 +291,7 @@ inline std::string report_html(const std::string& command, const Scenario& s, co
         o.x_max = 1;
         o.title = what + " output NMSE against the KV-cache budget";
         h += "<figure>" + svg::line_chart(fidelity(kv, nmse), o) +
-             "<figcaption>A policy whose outputs equal dense (NMSE 0) has no point on the log scale.</figcaption></figure>\n";
+             "<figcaption>A policy whose outputs equal dense (NMSE 0) is a hollow marker on the row marked 0.</figcaption></figure>\n";
         o.title = std::string("Dense attention mass retained (") + (dec ? "decode steps" : "last prompt token") +
                   ") against the KV-cache budget";
         o.ylabel = "mass retained";
@@ -257,10 +311,11 @@ inline std::string report_html(const std::string& command, const Scenario& s, co
         h += "<figure>" + svg::line_chart(fidelity(pflops, pnmse), o) +
              "<figcaption>Policies that only evict after a dense prefill (H2O, SnapKV, StreamingLLM, A-VL, PureKV "
              "without ST masks, random, fixed ratio) spend 100% of the prefill FLOPs and change no prefill output "
-             "(NMSE 0); a log scale cannot draw 0, so they have no point here (in plain mode).</figcaption></figure>\n";
+             "(NMSE 0): hollow markers on the row marked 0 (in plain mode).</figcaption></figure>\n";
         if (command != "compare")
             h += "<p>One point per policy. <code>vlsparse-sim compare</code> sweeps each policy's budget or threshold "
                  "and draws a curve per policy.</p>\n";
+    }
     }
 
     // ---- kept tokens per layer
@@ -291,9 +346,10 @@ inline std::string report_html(const std::string& command, const Scenario& s, co
     h += "</div>\n";
 
     // ---- mask templates
-    bool visual = false;
+    bool visual = false, blindsight = false;
     for (const auto& seg : s.layout.segments()) visual |= seg.is_visual();
-    if (visual) {
+    for (const auto& p : runs) blindsight |= p.name == "blindsight";
+    if (visual && blindsight) {
         h += "<h2>Mask templates of this prompt (BlindSight)</h2>\n<p>Query (rows) x key (columns), binned; darker = "
              "larger share of allowed pairs. Text rows and columns stay dense; the marks show the images.</p>\n"
              "<div class=\"masks\">\n";

@@ -40,10 +40,55 @@ inline std::string num(double x, int prec = 4) {
     return b;
 }
 
+// Okabe-Ito's colour-blind-safe palette (Okabe & Ito 2008, "Color Universal Design"), its yellow
+// darkened to stay visible on white; series also differ by marker shape (marker()), so that 8 colours
+// x 7 shapes tell up to 56 series apart without relying on colour alone.
 inline const char* color(std::size_t i) {
-    static const char* pal[] = {"#444444", "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
-                                "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#393b79"};
+    static const char* pal[] = {"#000000", "#E69F00", "#56B4E9", "#009E73", "#B8A200", "#0072B2", "#D55E00", "#CC79A7"};
     return pal[i % (sizeof(pal) / sizeof(pal[0]))];
+}
+
+// Marker shapes, cycled with a period (7) prime to the palette's (8).
+enum class Marker : std::uint8_t { circle, square, triangle, diamond, triangle_down, cross, plus };
+inline Marker marker(std::size_t i) { return static_cast<Marker>(i % 7); }
+
+// One marker at (x, y) of radius r; hollow: outline only (points drawn at a log plot's "0" row).
+inline std::string marker_svg(Marker m, double x, double y, double r, const std::string& col, bool hollow,
+                              const std::string& tip) {
+    auto n6 = [](double v) {
+        char b[32];
+        std::snprintf(b, sizeof b, "%.6g", v);
+        return std::string(b);
+    };
+    const std::string paint = hollow ? "fill=\"white\" stroke=\"" + col + "\" stroke-width=\"1.2\""
+                                     : "fill=\"" + col + "\"";
+    const std::string title = tip.empty() ? "" : "<title>" + esc(tip) + "</title>";
+    const double q = r * 1.25;
+    auto poly = [&](const std::vector<std::pair<double, double>>& pts) {
+        std::string p;
+        for (const auto& [dx, dy] : pts) p += n6(x + dx) + "," + n6(y + dy) + " ";
+        return "<polygon points=\"" + p + "\" " + paint + ">" + title + "</polygon>\n";
+    };
+    switch (m) {
+        case Marker::square:
+            return "<rect x=\"" + n6(x - r) + "\" y=\"" + n6(y - r) + "\" width=\"" + n6(2 * r) + "\" height=\"" + n6(2 * r) +
+                   "\" " + paint + ">" + title + "</rect>\n";
+        case Marker::triangle: return poly({{0, -q}, {q, q * 0.8}, {-q, q * 0.8}});
+        case Marker::triangle_down: return poly({{0, q}, {q, -q * 0.8}, {-q, -q * 0.8}});
+        case Marker::diamond: return poly({{0, -q}, {q, 0}, {0, q}, {-q, 0}});
+        case Marker::cross:
+        case Marker::plus: {
+            const double a = q;
+            const std::string d = m == Marker::plus
+                                      ? "M" + n6(x - a) + " " + n6(y) + "H" + n6(x + a) + "M" + n6(x) + " " + n6(y - a) + "V" + n6(y + a)
+                                      : "M" + n6(x - a) + " " + n6(y - a) + "L" + n6(x + a) + " " + n6(y + a) + "M" + n6(x - a) + " " +
+                                            n6(y + a) + "L" + n6(x + a) + " " + n6(y - a);
+            return "<path d=\"" + d + "\" stroke=\"" + col + "\" stroke-width=\"2\" fill=\"none\">" + title + "</path>\n";
+        }
+        case Marker::circle:
+        default:
+            return "<circle cx=\"" + n6(x) + "\" cy=\"" + n6(y) + "\" r=\"" + n6(r) + "\" " + paint + ">" + title + "</circle>\n";
+    }
 }
 
 struct Series {
@@ -55,6 +100,9 @@ struct Series {
     bool line = true;                       // false: markers only (with ChartOptions::lines)
     double radius = 2.6;                    // of the markers
     std::vector<double> y_lo, y_hi;         // optional, one per point: a vertical bar from y_lo to y_hi
+    int marker = -1;                        // a Marker; -1: the series' index in the chart
+    double stroke_width = 1.5;
+    std::string dash;                       // stroke-dasharray of the line, "" = solid
 };
 
 struct ChartOptions {
@@ -65,6 +113,10 @@ struct ChartOptions {
     bool lines = true;
     bool integer_x = false;   // x ticks only at integers (layers)
     int width = 680, height = 300;
+    bool legend = true;       // false: no legend column (small multiples)
+    // log_y: values exactly 0 are drawn as hollow markers on a row labelled "0" under the plot (a log
+    // axis cannot place them); false: they are left out.
+    bool zero_row = true;
     double y_min = NAN, y_max = NAN, x_min = NAN, x_max = NAN;
 };
 
@@ -100,22 +152,28 @@ inline std::string tick_label(double v, bool percent, bool log) {
 }  // namespace detail
 
 inline std::string line_chart(const std::vector<Series>& series, const ChartOptions& o) {
-    const int W = o.width, left = 64, right = 190, top = 28, bottom = 42;
-    const int pw = W - left - right, ph = o.height - top - bottom;
+    const int W = o.width, left = 64, right = o.legend ? 190 : 12, top = 28, bottom = 42;
+    bool zeros = false;  // a log plot with values of exactly 0: a "0" row under the plot area
+    if (o.log_y && o.zero_row)
+        for (const auto& s : series)
+            for (double y : s.y) zeros |= y == 0.0;
+    const int zrow = zeros ? 18 : 0;
+    const int pw = W - left - right, ph = o.height - top - bottom - zrow;
     int legend_rows = 0;
-    for (const auto& se : series) legend_rows += se.in_legend;
+    for (const auto& se : series) legend_rows += se.in_legend && o.legend;
     const int Hh = std::max(o.height, top + 16 + 15 * legend_rows);  // room for the legend
     double xmin = INFINITY, xmax = -INFINITY, ymin = INFINITY, ymax = -INFINITY;
     for (const auto& s : series)
         for (std::size_t i = 0; i < s.x.size(); ++i) {
             const double y = s.y[i];
-            if (!std::isfinite(y) || (o.log_y && y <= 0)) continue;
-            xmin = std::min(xmin, s.x[i]);
-            xmax = std::max(xmax, s.x[i]);
+            if (!std::isfinite(y)) continue;
+            if (std::isfinite(s.x[i])) xmin = std::min(xmin, s.x[i]), xmax = std::max(xmax, s.x[i]);
+            if (o.log_y && y <= 0) continue;
             ymin = std::min(ymin, y);
             ymax = std::max(ymax, y);
         }
-    if (!std::isfinite(xmin)) xmin = 0, xmax = 1, ymin = o.log_y ? 1e-6 : 0, ymax = 1;
+    if (!std::isfinite(xmin)) xmin = 0, xmax = 1;
+    if (!std::isfinite(ymin)) ymin = o.log_y ? 1e-6 : 0, ymax = 1;
     if (std::isfinite(o.x_min)) xmin = o.x_min;
     if (std::isfinite(o.x_max)) xmax = o.x_max;
     if (std::isfinite(o.y_min)) ymin = o.y_min;
@@ -129,16 +187,19 @@ inline std::string line_chart(const std::vector<Series>& series, const ChartOpti
     }
     if (xmax <= xmin) xmax = xmin + 1;
     auto X = [&](double x) { return left + (x - xmin) / (xmax - xmin) * pw; };
+    const double y_zero = top + ph + zrow - 6.0;  // the "0" row of a log plot
     auto Y = [&](double y) {
+        if (o.log_y && y == 0.0 && zeros) return y_zero;
         const double f = o.log_y ? (std::log10(y) - std::log10(ymin)) / (std::log10(ymax) - std::log10(ymin))
                                  : (y - ymin) / (ymax - ymin);
         return top + (1.0 - f) * ph;
     };
+    auto drawable = [&](double y) { return std::isfinite(y) && (!o.log_y || y > 0 || (y == 0.0 && zeros)); };
     std::string s = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + std::to_string(W) + "\" height=\"" +
                     std::to_string(Hh) + "\" viewBox=\"0 0 " + std::to_string(W) + " " + std::to_string(Hh) +
                     "\" font-family=\"sans-serif\" font-size=\"11\">\n";
     s += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-    s += "<text x=\"" + std::to_string(left) + "\" y=\"16\" font-size=\"13\" font-weight=\"bold\">" + esc(o.title) + "</text>\n";
+    s += "<text x=\"" + std::to_string(o.legend ? left : 8) + "\" y=\"16\" font-size=\"13\" font-weight=\"bold\">" + esc(o.title) + "</text>\n";
     // grid and ticks
     std::vector<double> yt;
     if (o.log_y) {
@@ -159,17 +220,22 @@ inline std::string line_chart(const std::vector<Series>& series, const ChartOpti
         s += "<text x=\"" + num(left - 4) + "\" y=\"" + num(y + 4) + "\" text-anchor=\"end\">" +
              detail::tick_label(v, o.percent_y, o.log_y) + "</text>\n";
     }
+    if (zeros)
+        s += "<rect x=\"" + num(left) + "\" y=\"" + num(top + ph + 2) + "\" width=\"" + num(pw) + "\" height=\"" + num(zrow - 4) +
+             "\" fill=\"#f4f4f4\"/><text x=\"" + num(left - 4) + "\" y=\"" + num(y_zero + 4) +
+             "\" text-anchor=\"end\">0</text>\n";
+    const double xaxis = top + ph + zrow;
     for (double v : detail::nice_ticks(xmin, xmax, 8)) {
         if (o.integer_x && v != std::floor(v)) continue;
         const double x = X(v);
-        s += "<line x1=\"" + num(x) + "\" x2=\"" + num(x) + "\" y1=\"" + num(top + ph) + "\" y2=\"" + num(top + ph + 4) +
+        s += "<line x1=\"" + num(x) + "\" x2=\"" + num(x) + "\" y1=\"" + num(xaxis) + "\" y2=\"" + num(xaxis + 4) +
              "\" stroke=\"#888\"/>\n";
-        s += "<text x=\"" + num(x) + "\" y=\"" + num(top + ph + 16) + "\" text-anchor=\"middle\">" +
+        s += "<text x=\"" + num(x) + "\" y=\"" + num(xaxis + 16) + "\" text-anchor=\"middle\">" +
              detail::tick_label(v, o.percent_x, false) + "</text>\n";
     }
     s += "<rect x=\"" + num(left) + "\" y=\"" + num(top) + "\" width=\"" + num(pw) + "\" height=\"" + num(ph) +
          "\" fill=\"none\" stroke=\"#888\"/>\n";
-    s += "<text x=\"" + num(left + pw / 2.0) + "\" y=\"" + num(top + ph + bottom - 6) + "\" text-anchor=\"middle\">" + esc(o.xlabel) + "</text>\n";
+    s += "<text x=\"" + num(left + pw / 2.0) + "\" y=\"" + num(xaxis + bottom - 6) + "\" text-anchor=\"middle\">" + esc(o.xlabel) + "</text>\n";
     s += "<text transform=\"translate(14 " + num(top + ph / 2.0) + ") rotate(-90)\" text-anchor=\"middle\">" + esc(o.ylabel) +
          "</text>\n";
     // series
@@ -177,6 +243,9 @@ inline std::string line_chart(const std::vector<Series>& series, const ChartOpti
     for (std::size_t k = 0; k < series.size(); ++k) {
         const auto& se = series[k];
         const std::string col = se.colour.empty() ? color(k) : se.colour;
+        const Marker mk = se.marker >= 0 ? static_cast<Marker>(se.marker % 7) : marker(k);
+        const std::string stroke = "fill=\"none\" stroke=\"" + col + "\" stroke-width=\"" + num(se.stroke_width) + "\"" +
+                                   (se.dash.empty() ? "" : " stroke-dasharray=\"" + se.dash + "\"");
         std::string pts;
         const bool lines = o.lines && se.line;
         if (se.y_lo.size() == se.x.size() && se.y_hi.size() == se.x.size())
@@ -187,11 +256,12 @@ inline std::string line_chart(const std::vector<Series>& series, const ChartOpti
                      num(Y(std::clamp(lo, ymin, ymax)), 6) + "\" y2=\"" + num(Y(std::clamp(hi, ymin, ymax)), 6) +
                      "\" stroke=\"" + col + "\" stroke-width=\"1\"/>\n";
             }
+        // lines join the points on the axis; a point on the "0" row (or not drawn) breaks them
         for (std::size_t i = 0; i < se.x.size(); ++i) {
             const double y = se.y[i];
             if (!std::isfinite(y) || (o.log_y && y <= 0)) {
                 if (lines && !pts.empty()) {
-                    s += "<polyline fill=\"none\" stroke=\"" + col + "\" stroke-width=\"1.5\" points=\"" + pts + "\"/>\n";
+                    s += "<polyline " + stroke + " points=\"" + pts + "\"/>\n";
                     pts.clear();
                 }
                 continue;
@@ -199,20 +269,22 @@ inline std::string line_chart(const std::vector<Series>& series, const ChartOpti
             const double yc = std::clamp(y, ymin, ymax);
             pts += num(X(se.x[i]), 6) + "," + num(Y(yc), 6) + " ";
         }
-        if (lines && !pts.empty())
-            s += "<polyline fill=\"none\" stroke=\"" + col + "\" stroke-width=\"1.5\" points=\"" + pts + "\"/>\n";
-        for (std::size_t i = 0; i < se.x.size(); ++i) {
-            const double y = se.y[i];
-            if (!std::isfinite(y) || (o.log_y && y <= 0)) continue;
-            const std::string tip = se.name + (i < se.point_labels.size() ? " " + se.point_labels[i] : "") + ": (" +
-                                    num(se.x[i]) + ", " + num(y) + ")";
-            s += "<circle cx=\"" + num(X(se.x[i]), 6) + "\" cy=\"" + num(Y(std::clamp(y, ymin, ymax)), 6) +
-                 "\" r=\"" + num(se.radius) + "\" fill=\"" + col + "\"><title>" + esc(tip) + "</title></circle>\n";
-        }
-        if (!se.in_legend) continue;
+        if (lines && !pts.empty()) s += "<polyline " + stroke + " points=\"" + pts + "\"/>\n";
+        if (se.radius > 0)
+            for (std::size_t i = 0; i < se.x.size(); ++i) {
+                const double y = se.y[i];
+                if (!drawable(y)) continue;
+                const std::string tip = se.name + (i < se.point_labels.size() ? " " + se.point_labels[i] : "") + ": (" +
+                                        num(se.x[i]) + ", " + num(y) + ")";
+                const bool on_zero = o.log_y && y == 0.0;
+                s += marker_svg(mk, X(se.x[i]), on_zero ? y_zero : Y(std::clamp(y, ymin, ymax)), se.radius, col, on_zero, tip);
+            }
+        if (!se.in_legend || !o.legend) continue;
         const double ly = top + 6 + 15.0 * static_cast<double>(legend_row++);
-        s += "<rect x=\"" + num(left + pw + 10) + "\" y=\"" + num(ly) + "\" width=\"12\" height=\"3\" fill=\"" + col + "\"/>";
-        s += "<text x=\"" + num(left + pw + 26) + "\" y=\"" + num(ly + 5) + "\">" + esc(se.name) + "</text>\n";
+        s += "<line x1=\"" + num(left + pw + 8) + "\" x2=\"" + num(left + pw + 28) + "\" y1=\"" + num(ly + 1) + "\" y2=\"" +
+             num(ly + 1) + "\" " + stroke + "/>";
+        if (se.radius > 0) s += marker_svg(mk, left + pw + 18, ly + 1, 3.2, col, false, "");
+        s += "<text x=\"" + num(left + pw + 33) + "\" y=\"" + num(ly + 5) + "\">" + esc(se.name) + "</text>\n";
     }
     s += "</svg>\n";
     return s;
@@ -221,8 +293,10 @@ inline std::string line_chart(const std::vector<Series>& series, const ChartOpti
 // Grouped bars; values[g][c] for group g and category c, as fractions of 1 when percent.
 inline std::string bar_chart(const std::vector<std::string>& categories, const std::vector<std::string>& groups,
                              const std::vector<std::vector<double>>& values, const ChartOptions& o) {
-    const int left = 64, right = 150, top = 28, bottom = 70;
-    const int W = std::max(o.width, left + right + static_cast<int>(categories.size()) * 44), Hh = o.height;
+    std::size_t longest = 0;  // the category labels, rotated by 35 degrees, need room under the plot
+    for (const auto& c : categories) longest = std::max(longest, c.size());
+    const int left = 64, right = 150, top = 28, bottom = 16 + static_cast<int>(std::ceil(6.0 * 0.58 * static_cast<double>(longest)));
+    const int W = std::max(o.width, left + right + static_cast<int>(categories.size()) * 22), Hh = o.height + std::max(0, bottom - 70);
     const int pw = W - left - right, ph = Hh - top - bottom;
     double ymax = 0.0;
     for (const auto& g : values)

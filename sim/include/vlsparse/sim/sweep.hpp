@@ -398,11 +398,7 @@ inline std::string sweep_html(const Scenario& s, const SweepResult& R) {
     const auto N = static_cast<std::int64_t>(R.seeds.size());
     std::string h;
     h += "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>vlsparse-sim sweep: " + esc(s.name) +
-         "</title>\n<style>\n"
-         "body{font-family:sans-serif;max-width:1100px;margin:24px auto;padding:0 12px;color:#222}\n"
-         "table{border-collapse:collapse;margin:8px 0 16px;font-size:13px}\n"
-         "th,td{border:1px solid #ddd;padding:3px 7px;text-align:right}th{background:#f3f3f3}td.l{text-align:left}\n"
-         "h2{margin-top:32px;border-bottom:1px solid #ddd}figure{margin:8px 0}figcaption{font-size:12px;color:#555}\n"
+         "</title>\n<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<style>\n" + detail::report_css() +
          "</style></head><body>\n";
     h += "<h1>vlsparse-sim sweep: " + esc(s.name) + "</h1>\n";
     std::string seeds;
@@ -476,10 +472,201 @@ inline std::string sweep_html(const Scenario& s, const SweepResult& R) {
             for (const auto& cell : c.cells) row.push_back(detail::sweep_cell_text(*m, cell, N));
             rows.push_back(row);
         }
-        h += detail::html_table(head, rows);
+        h += detail::html_table(head, rows, false);  // a budget no policy reaches keeps its column of '-'
     }
     if (const std::string note = detail::out_of_range_note(R); !note.empty()) h += "<p>" + esc(note) + "</p>\n";
     h += "<p>docs/simulator.md defines every metric and the sweep.</p>\n</body></html>\n";
+    return h;
+}
+
+
+// ---- the report's first screen: which policy for a budget (`run` without --no-sweep)
+//
+//   ranking_metric(residual, decode, axis)  the metric that ranks the policies (lower is better): KL to
+//                                     dense in residual mode (it carries every error to the LM head); in
+//                                     plain mode, where a layer's error stays in that layer, decode NMSE on
+//                                     the kept axis (the cache serves the decode) and prefill NMSE on the
+//                                     FLOPs axis (the prefill is most of the FLOPs: BlindSight's dense
+//                                     decode has decode NMSE 0 whatever its prefill does)
+//   mean_points(R, axis, m)           per (policy, sweep value): x and the metric, means over the seeds
+//   pareto_front(R, axis, m)          the mean points no other point beats on both the budget and the metric
+//   best_at(curves, m, budgets)       per budget, the policies ranked by the interpolated metric (mean over
+//                                     the seeds that reach it); policies that do not reach it are left out
+//   decision_html(s, R)               the section: best-at table, the metric against the kept ratio and
+//                                     against the attention FLOPs (one curve per policy), the Pareto fronts
+
+inline const SweepMetric* ranking_metric(bool residual, bool decode, SweepAxis axis = SweepAxis::kept) {
+    const char* key = residual ? "kl_to_dense" : decode && axis == SweepAxis::kept ? "decode_nmse" : "prefill_nmse";
+    for (const auto& m : sweep_metrics())
+        if (std::string(m.key) == key) return &m;
+    throw ::vlsparse::error("ranking_metric", std::string("no sweep metric '") + key + "'");
+}
+
+struct MeanPoint {
+    std::string policy, value;
+    double x = 0, y = 0;
+};
+
+inline std::vector<MeanPoint> mean_points(const SweepResult& R, SweepAxis axis, const SweepMetric* m) {
+    std::vector<MeanPoint> out;
+    std::vector<double> count;
+    for (const auto& p : R.points) {
+        const double y = p.*(m->field);
+        if (!std::isfinite(y)) continue;
+        std::size_t i = 0;
+        while (i < out.size() && !(out[i].policy == p.policy && out[i].value == p.value)) ++i;
+        if (i == out.size()) out.push_back({p.policy, p.value, 0.0, 0.0}), count.push_back(0.0);
+        out[i].x += p.x(axis);
+        out[i].y += y;
+        count[i] += 1.0;
+    }
+    for (std::size_t i = 0; i < out.size(); ++i) out[i].x /= count[i], out[i].y /= count[i];
+    return out;
+}
+
+// Lower metric and lower budget are better; sorted by the budget.
+inline std::vector<MeanPoint> pareto_front(const SweepResult& R, SweepAxis axis, const SweepMetric* m) {
+    std::vector<MeanPoint> v = mean_points(R, axis, m);
+    std::stable_sort(v.begin(), v.end(), [](const MeanPoint& a, const MeanPoint& b) { return a.x < b.x || (a.x == b.x && a.y < b.y); });
+    std::vector<MeanPoint> front;
+    for (const auto& p : v)
+        if (front.empty() || p.y < front.back().y) front.push_back(p);
+    return front;
+}
+
+struct BestAt {
+    double budget = 0;
+    std::vector<std::pair<std::string, double>> ranked;  // (policy, mean metric), best first
+};
+
+inline std::vector<BestAt> best_at(const std::vector<SweepCurve>& curves, const SweepMetric* m, const std::vector<double>& budgets) {
+    std::vector<BestAt> out;
+    for (std::size_t b = 0; b < budgets.size(); ++b) {
+        BestAt r;
+        r.budget = budgets[b];
+        for (const auto& c : curves)
+            if (c.metric == m && b < c.cells.size() && c.cells[b].seeds > 0 && std::isfinite(c.cells[b].mean))
+                r.ranked.emplace_back(c.policy, c.cells[b].mean);
+        std::stable_sort(r.ranked.begin(), r.ranked.end(), [](const auto& x, const auto& y) { return x.second < y.second; });
+        out.push_back(std::move(r));
+    }
+    return out;
+}
+
+namespace detail {
+
+inline std::string budget_text(double b) { return text::pct(b, b * 100 == std::floor(b * 100) ? 0 : 1); }
+
+inline std::string ranked_text(const BestAt& r, std::size_t i) {
+    if (i >= r.ranked.size()) return "-";
+    return r.ranked[i].first + " (" + text::sci(r.ranked[i].second) + ")";
+}
+
+inline std::string front_text(const std::vector<MeanPoint>& f) {
+    std::string s;
+    for (const auto& p : f)
+        s += (s.empty() ? "" : "; ") + p.policy + (p.value.empty() ? "" : " " + p.value) + " at " + text::pct(p.x) + " (" +
+             text::sci(p.y) + ")";
+    return s;
+}
+
+}  // namespace detail
+
+// The best-at table in the terminal (ranked on both axes).
+inline void print_best_at(std::FILE* f, const SweepResult& R) {
+    SweepOptions ok = R.opt, of = R.opt;
+    ok.axis = SweepAxis::kept;
+    of.axis = SweepAxis::flops;
+    const SweepMetric* mk = ranking_metric(R.residual, R.decode, SweepAxis::kept);
+    const SweepMetric* mf = ranking_metric(R.residual, R.decode, SweepAxis::flops);
+    const auto kept = best_at(sweep_curves(R.points, R.policies, ok, R.residual, R.decode), mk, R.opt.budgets);
+    const auto flops = best_at(sweep_curves(R.points, R.policies, of, R.residual, R.decode), mf, R.opt.budgets);
+    std::fprintf(f, "best policy at a budget (lower is better; interpolated over each policy's sweep, %zu seed(s))\n",
+                 R.seeds.size());
+    text::Table t({"budget", "best at kept ratio", "next", "best at FLOPs", "next"},
+                  {"", std::string("(") + mk->title + ")", "", std::string("(") + mf->title + ")", ""});
+    for (std::size_t b = 0; b < kept.size(); ++b)
+        t.row({detail::budget_text(kept[b].budget), detail::ranked_text(kept[b], 0), detail::ranked_text(kept[b], 1),
+               detail::ranked_text(flops[b], 0), detail::ranked_text(flops[b], 1)});
+    t.print(f, "  ");
+}
+
+inline std::string decision_html(const SweepResult& R) {
+    using svg::esc;
+    SweepOptions ok = R.opt, of = R.opt;
+    ok.axis = SweepAxis::kept;
+    of.axis = SweepAxis::flops;
+    const SweepMetric* mk = ranking_metric(R.residual, R.decode, SweepAxis::kept);
+    const SweepMetric* mf = ranking_metric(R.residual, R.decode, SweepAxis::flops);
+    const auto kept = best_at(sweep_curves(R.points, R.policies, ok, R.residual, R.decode), mk, R.opt.budgets);
+    const auto flops = best_at(sweep_curves(R.points, R.policies, of, R.residual, R.decode), mf, R.opt.budgets);
+    std::string h = "<section id=\"decide\">\n<h2>Which policy for my budget</h2>\n";
+    std::string seeds;
+    for (auto x : R.seeds) seeds += (seeds.empty() ? "" : ", ") + std::to_string(x);
+    h += "<p>Every policy over its sweep (the runs of <code>compare</code>), " + std::to_string(R.seeds.size()) +
+         " seed(s) (" + seeds + "), " + std::to_string(R.points.size()) + " runs in " + text::fix(R.wall_s, 1) +
+         " s; ranked by <b>" + esc(mk->title) + "</b> at a KV budget and <b>" + esc(mf->title) + "</b> at a FLOPs budget "
+         "(lower is better), interpolated at each budget between the two sweep points around it, never extrapolated" +
+         (R.residual ? "" : " (plain mode: a layer's error stays in that layer, so the KV cache is judged by the decode it "
+                            "serves and the FLOPs, mostly the prefill's, by the prefill)") +
+         ". <code>--no-sweep</code> leaves this section out; <code>vlsparse-sim sweep --seeds 3</code> gives the spread "
+         "over seeds.</p>\n";
+    h += "<table class=\"best\"><thead><tr><th rowspan=\"2\">budget (% of dense)</th><th colspan=\"2\">KV cache kept</th>"
+         "<th colspan=\"2\">attention FLOPs (prefill + decode)</th></tr>\n<tr><th>best (" + esc(mk->title) +
+         ")</th><th>next</th><th>best (" + esc(mf->title) + ")</th><th>next</th></tr></thead><tbody>\n";
+    for (std::size_t b = 0; b < kept.size(); ++b)
+        h += "<tr><td class=\"l\">" + detail::budget_text(kept[b].budget) + "</td><td class=\"l\"><b>" +
+             esc(detail::ranked_text(kept[b], 0)) + "</b></td><td class=\"l\">" + esc(detail::ranked_text(kept[b], 1)) +
+             "</td><td class=\"l\"><b>" + esc(detail::ranked_text(flops[b], 0)) + "</b></td><td class=\"l\">" +
+             esc(detail::ranked_text(flops[b], 1)) + "</td></tr>\n";
+    h += "</tbody></table>\n<p class=\"note\">'-': no policy's sweep reaches that budget. A policy whose sweep stays "
+         "above a budget is not ranked there (on the kept axis BlindSight and dense keep every token).</p>\n";
+    std::map<std::string, std::size_t> index;
+    for (const auto& p : R.policies) index.emplace(p, index.size());
+    auto chart = [&](SweepAxis axis) {
+        const SweepMetric* m = axis == SweepAxis::kept ? mk : mf;
+        std::vector<svg::Series> ser;
+        const auto front = pareto_front(R, axis, m);
+        svg::Series fr;
+        fr.name = "Pareto front";
+        fr.colour = "#9a9a9a";
+        fr.stroke_width = 6;
+        fr.radius = 0;
+        for (const auto& p : front) fr.x.push_back(p.x), fr.y.push_back(p.y);
+        ser.push_back(fr);
+        const auto pts = mean_points(R, axis, m);
+        for (const auto& pol : R.policies) {
+            svg::Series se;
+            se.name = pol;
+            se.colour = svg::color(index[pol]);
+            se.marker = static_cast<int>(index[pol] % 7);
+            se.radius = 3.6;
+            std::vector<MeanPoint> v;
+            for (const auto& p : pts)
+                if (p.policy == pol) v.push_back(p);
+            std::stable_sort(v.begin(), v.end(), [](const MeanPoint& a, const MeanPoint& b) { return a.x < b.x; });
+            for (const auto& p : v) se.x.push_back(p.x), se.y.push_back(p.y), se.point_labels.push_back(p.value);
+            if (!se.x.empty()) ser.push_back(se);
+        }
+        svg::ChartOptions o;
+        o.title = std::string(m->title) + " against " + (axis == SweepAxis::kept ? "the KV cache kept" : "attention FLOPs");
+        o.xlabel = (axis == SweepAxis::kept ? "KV cache kept (kept ratio)" : "attention FLOPs, prefill + decode") +
+                   std::string(", % of dense");
+        o.ylabel = std::string(m->title) + (m->log ? " (log)" : "");
+        o.log_y = m->log;
+        o.percent_x = true;
+        o.x_min = 0;
+        o.x_max = 1;
+        o.width = 540;
+        o.height = 340;
+        return "<figure>" + svg::line_chart(ser, o) + "<figcaption>Pareto front (" +
+               (axis == SweepAxis::kept ? std::string("kept") : std::string("FLOPs")) + "): " + esc(detail::front_text(front)) +
+               "</figcaption></figure>\n";
+    };
+    h += "<div class=\"pair\">\n" + chart(SweepAxis::kept) + chart(SweepAxis::flops) + "</div>\n";
+    h += "<p class=\"note\">One point per sweep value (mean over the seeds), joined per policy; the grey band is the Pareto "
+         "front (no other point is both cheaper and more faithful). On the log scale a value of exactly 0 sits on the row "
+         "marked 0 as a hollow marker.</p>\n</section>\n";
     return h;
 }
 
