@@ -84,7 +84,7 @@ void bind_sim(py::module_& m) {
     s.def("run", &run, "scenario"_a = py::none(), py::kw_only(), "sets"_a = std::vector<std::string>{}, "command"_a = "run",
           "Runs a scenario (None: the built-in default; a dict: the scenario's JSON; or a path to a scenario file), "
           "with `sets` overrides as `vlsparse-sim --set` takes them ('decode_steps=4'), and returns the JSON report "
-          "of `vlsparse-sim run --json` (command='compare': of `vlsparse-sim compare`, every policy's sweep) as a "
+          "of `vlsparse-sim run --no-sweep --json` (command='compare': of `vlsparse-sim compare`, every policy's sweep) as a "
           "dict.");
     s.def("default_scenario", []() { return from_json(nlohmann::json::parse(sim::default_scenario_text())); },
           "The built-in default scenario as a dict.");
