@@ -10,6 +10,7 @@
 #pragma once
 
 #include <filesystem>
+#include <system_error>
 #include <functional>
 #include <limits>
 #include <string>
@@ -260,7 +261,8 @@ inline const std::vector<PolicyInfo>& policy_registry() {
                              }
                              if (p.contains("head_map")) {
                                  std::filesystem::path f = read_string(p, "head_map", w);
-                                 if (f.is_relative() && !ctx.base_dir.empty() && std::filesystem::exists(ctx.base_dir / f))
+                                 std::error_code ec;  // (a path the OS refuses, e.g. too long: not there)
+                                 if (f.is_relative() && !ctx.base_dir.empty() && std::filesystem::exists(ctx.base_dir / f, ec))
                                      f = ctx.base_dir / f;
                                  try {
                                      pol.map = load_head_map(f, ctx.shape);
