@@ -545,8 +545,8 @@ TEST_CASE("sim cli: a folder as the scenario, and an unwritable report, fail bef
     }
     std::ofstream(d / "file") << "x";
     for (const auto& args : std::vector<std::vector<std::string>>{
-             {"run", (d / "s.json").string(), "--quiet", "--out", (d / "file" / "out").string()},
-             {"run", (d / "s.json").string(), "--quiet", "--no-html", "--json", (d / "file" / "r.json").string()},
+             {"run", (d / "s.json").string(), "--quiet", "--no-sweep", "--out", (d / "file" / "out").string()},
+             {"run", (d / "s.json").string(), "--quiet", "--no-sweep", "--no-html", "--json", (d / "file" / "r.json").string()},
              {"compare", (d / "s.json").string(), "--quiet", "--html", (d / "file" / "c.html").string()},
              {"characterize", (d / "s.json").string(), "--quiet", "--out", (d / "file" / "map.json").string()}}) {
         const SimOutput r = run_sim(args);
@@ -557,7 +557,7 @@ TEST_CASE("sim cli: a folder as the scenario, and an unwritable report, fail bef
         CHECK(r.out.empty());  // nothing ran, not even the header was printed
     }
     // A writable --out that does not exist yet is created, and the run writes its report there.
-    const SimOutput ok = run_sim({"run", (d / "s.json").string(), "--quiet", "--out", (d / "new" / "out").string()});
+    const SimOutput ok = run_sim({"run", (d / "s.json").string(), "--quiet", "--no-sweep", "--out", (d / "new" / "out").string()});
     CHECK(ok.rc == 0);
     CHECK(fs::exists(d / "new" / "out" / "sim-report.html"));
     fs::remove_all(d);
