@@ -10,8 +10,8 @@
 // PyTorch's SDPA holds K / V), and dense / 30% also paged (P = 16, NHD pages drawn from a shuffled
 // pool) and token-major contiguous ([B, n, H_kv, d], "contiguous-nhd"). Then a sweep of GQA ratios and head dims at B = 1, and q_len 4.
 // Timing: the plan is made once (it serves every layer of a step) and not timed; each timed call is
-// one batched_decode_attention with the checks off, between CUDA events, after a 512 MiB write that
-// evicts the 50 MiB L2; median of --reps calls after 3 warm-ups. The device-to-device copy
+// one batched_decode_attention with the checks off, between CUDA events, after a 512 MiB read that
+// evicts the 50 MiB L2 (--flush write: a memset instead); median of --reps calls after 3 warm-ups. The device-to-device copy
 // bandwidth (bytes read + written) of a 1 GiB buffer is measured in the same run. Bytes counted:
 // the K and V rows read, the list entries, q and the output.
 // Build: meson -Dcuda=enabled (target cuda_decode_bench). Run: ./cuda_decode_bench [--out FILE.csv]
@@ -42,12 +42,31 @@ void ok(cudaError_t e, const char* what) {
     }
 }
 
+// The clean-L2 flush: reads the buffer (a dependent sum the compiler cannot drop), leaving the L2
+// full of clean lines of it, so that the timed call pays for no write-back of earlier writes.
+__global__ void read_flush(const uint4* p, std::size_t n, unsigned* sink) {
+    unsigned acc = 0;
+    for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+        const uint4 x = __ldcs(p + i);
+        acc ^= x.x ^ x.y ^ x.z ^ x.w;
+    }
+    if (acc == 0x9e3779b9u) *sink = acc;  // practically never; keeps the loads
+}
+
+// How the L2 is emptied before each timed call: a 512 MiB read (the default since 2026-11-25: clean
+// lines) or a 512 MiB memset (--flush write; the figures of docs/cuda.md before that date): a write
+// leaves up to 50 MiB of dirty lines whose write-back the next kernel pays, 5-8 us of a B = 1 decode
+// step's time, the same for every implementation measured after it.
+bool g_flush_read = true;
+
 struct Timer {
     void* flush = nullptr;
     std::size_t flush_bytes = 512ull << 20;
     cudaEvent_t a{}, b{};
     Timer() {
         ok(cudaMalloc(&flush, flush_bytes), "cudaMalloc flush");
+        ok(cudaMemset(flush, 0, flush_bytes), "cudaMemset flush");
         ok(cudaEventCreate(&a), "event");
         ok(cudaEventCreate(&b), "event");
     }
@@ -60,7 +79,13 @@ struct Timer {
     double median_ms(int reps, F&& f) {
         std::vector<float> t;
         for (int r = 0; r < reps + 3; ++r) {
-            ok(cudaMemsetAsync(flush, r & 0xff, flush_bytes), "flush");
+            if (g_flush_read) {
+                read_flush<<<1056, 512>>>(static_cast<const uint4*>(flush), flush_bytes / 16,
+                                          static_cast<unsigned*>(flush));
+                ok(cudaGetLastError(), "read_flush");
+            } else {
+                ok(cudaMemsetAsync(flush, r & 0xff, flush_bytes), "flush");
+            }
             ok(cudaEventRecord(a), "record");
             f();
             ok(cudaEventRecord(b), "record");
@@ -264,7 +289,7 @@ std::vector<long long> parse_ll(const char* s) {
 int main(int argc, char** argv) {
     std::string out;
     int reps = 31;
-    bool quick = false;
+    bool quick = false, other_dtypes = true, shapes = true;
     std::vector<long long> ns{4096, 16384, 65536, 131072}, bs{1, 8, 32};
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
@@ -273,6 +298,16 @@ int main(int argc, char** argv) {
         else if (a == "--n" && i + 1 < argc) ns = parse_ll(argv[++i]);
         else if (a == "--batch" && i + 1 < argc) bs = parse_ll(argv[++i]);
         else if (a == "--quick") quick = true;
+        else if (a == "--bf16-only") other_dtypes = false;
+        else if (a == "--no-shapes") shapes = false;
+        else if (a == "--flush" && i + 1 < argc) {
+            const std::string f = argv[++i];
+            if (f != "read" && f != "write") {
+                std::fprintf(stderr, "cuda_decode_bench: --flush takes read or write, got '%s'\n", f.c_str());
+                return 2;
+            }
+            g_flush_read = f == "read";
+        }
         else if (a == "--kernel" && i + 1 < argc) {
             const std::string k = argv[++i];
             g_kernel = k == "cuda_cores" ? cuda::DecodeKernel::cuda_cores
@@ -280,7 +315,8 @@ int main(int argc, char** argv) {
         }
         else {
             std::printf("usage: cuda_decode_bench [--out FILE.csv] [--reps 31] [--n 4096,16384,...] [--batch 1,8,32] "
-                        "[--quick] [--kernel automatic|cuda_cores|tensor_cores]\n");
+                        "[--quick] [--kernel automatic|cuda_cores|tensor_cores] [--flush read|write] [--bf16-only] "
+                        "[--no-shapes]\n");
             return a == "--help" ? 0 : 2;
         }
     }
@@ -288,8 +324,9 @@ int main(int argc, char** argv) {
     ok(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
     Timer tm;
     const double bw = copy_bandwidth(tm);
-    std::printf("cuda_decode_bench: %s, %d SMs, L2 %d MiB; device copy bandwidth %.0f GB/s (read + write)\n", prop.name,
-                prop.multiProcessorCount, prop.l2CacheSize >> 20, bw / 1e9);
+    std::printf("cuda_decode_bench: %s, %d SMs, L2 %d MiB; device copy bandwidth %.0f GB/s (read + write); L2 "
+                "flushed by a 512 MiB %s\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, bw / 1e9,
+                g_flush_read ? "read" : "write");
     Csv csv(out);
     if (csv.f) std::fprintf(csv.f, "copy,device,,,,,,1073741824,,,%.3f,%.0f,%.1f,%s\n", 2.0 * (1ull << 30) / bw * 1e6,
                             2.0 * (1ull << 30), bw / 1e9, prop.name);
@@ -300,11 +337,12 @@ int main(int argc, char** argv) {
         batches = {1, 32};
     }
     run_dtype<bfloat16>(batches, ns, {0.1, 0.3, 0.5}, reps, bw, tm, csv, rng, true);
-    if (!quick) {
+    if (!quick && other_dtypes) {
         run_dtype<vlsparse::half>({1, 32}, {16384, 131072}, {0.3}, reps, bw, tm, csv, rng, false);
         run_dtype<float>({1, 32}, {16384, 65536}, {0.3}, reps, bw, tm, csv, rng, false);
     }
     // GQA ratios and head dims (bf16, B = 1, n = 32768, H_kv = 8), and q_len 4 (speculative decode).
+    if (!shapes) return 0;
     for (int d : {64, 128, 256})
         for (int G : {1, 2, 4, 8}) {
             if (quick && d != 128) continue;

@@ -2,7 +2,7 @@
 """PyTorch baselines for GPU decode attention: the other half of bench/cuda_decode_bench.cu.
 
 Per (dtype, B, n): one decode step, q [B, H, 1, d] against a KV cache K, V [B, H_kv, n, d] (GQA),
-timed with CUDA events after a 512 MiB write that evicts the L2, median of --reps calls after
+timed with CUDA events after a 512 MiB read that evicts the L2 (--flush write: a fill instead), median of --reps calls after
 --warmup calls:
 
   sdpa              dense decode: scaled_dot_product_attention(q, k, v, enable_gqa=True) under
@@ -104,7 +104,10 @@ def parse_args(argv=None):
     p.add_argument("--no-flex", action="store_true", help="skip FlexAttention")
     p.add_argument("--reps", type=int, default=31, help="timed calls per measurement (median reported)")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls before the timed ones")
-    p.add_argument("--flush-mib", type=int, default=512, help="L2 flush buffer written before each timed call")
+    p.add_argument("--flush-mib", type=int, default=512, help="L2 flush buffer size (MiB)")
+    p.add_argument("--flush", choices=["read", "write"], default="read",
+                   help="empty the L2 before each timed call by writing the flush buffer (dirty lines: the timed "
+                        "call pays their write-back) or by reading it (clean lines)")
     p.add_argument("--copy-gib", type=float, default=1.0, help="buffer size of the copy-bandwidth measurement")
     p.add_argument("--max-gib", type=float, default=60.0, help="skip combinations needing more device memory")
     p.add_argument("--seed", type=int, default=42)
@@ -224,7 +227,8 @@ def measure(a):
     out = Writer(a.out, a.append)
     say = (lambda *x: None) if a.quiet else (lambda *x: print(*x, flush=True))
 
-    flush = torch.empty(a.flush_mib << 20, dtype=torch.uint8, device=dev)
+    flush = torch.zeros(a.flush_mib << 20, dtype=torch.uint8, device=dev)
+    flush_words = flush.view(torch.int32)
     ev0 = torch.cuda.Event(enable_timing=True)
     ev1 = torch.cuda.Event(enable_timing=True)
 
@@ -233,7 +237,10 @@ def measure(a):
             fn()
         t = []
         for r in range(a.reps):
-            flush.fill_(r & 0xff)
+            if a.flush == "read":
+                flush_words.max()  # a read of the whole buffer; one value written
+            else:
+                flush.fill_(r & 0xff)
             ev0.record()
             fn()
             ev1.record()
