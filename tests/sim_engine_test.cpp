@@ -22,6 +22,7 @@
 
 #include "test_util.hpp"
 #include "error_of.hpp"
+#include "sim_cli.hpp"
 
 namespace fs = std::filesystem;
 using namespace vlsparse;
@@ -83,41 +84,9 @@ std::int64_t index_of(const json& j, const std::string& name) {
 
 using vt::error_of;
 
-// What `vlsparse-sim ARGS` returns and prints (stdout and stderr captured through temporary files).
-struct SimOutput {
-    int rc = 0;
-    std::string out, err;
-};
-SimOutput run_sim(std::vector<std::string> args) {
-    std::vector<char*> argv;
-    std::string prog = "vlsparse-sim";
-    argv.push_back(prog.data());
-    for (auto& a : args) argv.push_back(a.data());
-    std::fflush(stdout);
-    std::fflush(stderr);
-    std::FILE* fo = std::tmpfile();
-    std::FILE* fe = std::tmpfile();
-    REQUIRE(fo != nullptr);
-    REQUIRE(fe != nullptr);
-    const int saved_out = ::dup(1), saved_err = ::dup(2);
-    ::dup2(::fileno(fo), 1);
-    ::dup2(::fileno(fe), 2);
-    SimOutput r;
-    r.rc = sim_main(static_cast<int>(argv.size()), argv.data());
-    std::fflush(stdout);
-    std::fflush(stderr);
-    ::dup2(saved_out, 1);
-    ::dup2(saved_err, 2);
-    ::close(saved_out);
-    ::close(saved_err);
-    for (auto [f, dst] : {std::pair{fo, &r.out}, std::pair{fe, &r.err}}) {
-        std::rewind(f);
-        char buf[4096];
-        for (std::size_t got; (got = std::fread(buf, 1, sizeof buf, f)) > 0;) dst->append(buf, got);
-        std::fclose(f);
-    }
-    return r;
-}
+using vt::sim_cli;
+using vt::sim_cli_status;
+using vt::SimCliOutput;
 
 // Sets an environment variable for the scope (restoring the previous value).
 struct ScopedEnv {
@@ -450,7 +419,7 @@ TEST_CASE("sim scenario: a scenario needing more memory than the limit is reject
     INFO(dm);
     CHECK(dm.find("source.dir: the dump's prompt has 1000000000000 tokens, expected at most 4194304") != std::string::npos);
     // The masks command estimates its pictures before drawing them.
-    const SimOutput mk = run_sim({"masks", "--layout", "text:1000000000000", "--out", (d / "masks").string()});
+    const SimCliOutput mk = sim_cli({"masks", "--layout", "text:1000000000000", "--out", (d / "masks").string()});
     CHECK(mk.rc == 2);
     INFO(mk.err);
     CHECK(mk.err.find("--layout: the pictures need an estimated ") != std::string::npos);
@@ -529,7 +498,7 @@ TEST_CASE("sim scenario: decode_steps taken from a dump is checked like a scenar
 TEST_CASE("sim cli: a folder as the scenario, and an unwritable report, fail before the run (issue 21)", "[sim][cli][issue21]") {
     const fs::path d = temp_dir("issue21_cli");
     // A folder is named as one (it used to be reported as invalid JSON).
-    const SimOutput dir = run_sim({"run", d.string(), "--quiet"});
+    const SimCliOutput dir = sim_cli({"run", d.string(), "--quiet"});
     CHECK(dir.rc == 2);
     CHECK(dir.err.find(d.string() + ": is a directory, expected a scenario file (.json)") != std::string::npos);
     CHECK(dir.err.find("invalid JSON") == std::string::npos);
@@ -549,7 +518,7 @@ TEST_CASE("sim cli: a folder as the scenario, and an unwritable report, fail bef
              {"run", (d / "s.json").string(), "--quiet", "--no-sweep", "--no-html", "--json", (d / "file" / "r.json").string()},
              {"compare", (d / "s.json").string(), "--quiet", "--html", (d / "file" / "c.html").string()},
              {"characterize", (d / "s.json").string(), "--quiet", "--out", (d / "file" / "map.json").string()}}) {
-        const SimOutput r = run_sim(args);
+        const SimCliOutput r = sim_cli(args);
         INFO(args[0] << ": " << r.err);
         CHECK(r.rc == 2);
         CHECK(r.err.find("cannot write the ") != std::string::npos);
@@ -557,7 +526,7 @@ TEST_CASE("sim cli: a folder as the scenario, and an unwritable report, fail bef
         CHECK(r.out.empty());  // nothing ran, not even the header was printed
     }
     // A writable --out that does not exist yet is created, and the run writes its report there.
-    const SimOutput ok = run_sim({"run", (d / "s.json").string(), "--quiet", "--no-sweep", "--out", (d / "new" / "out").string()});
+    const SimCliOutput ok = sim_cli({"run", (d / "s.json").string(), "--quiet", "--no-sweep", "--out", (d / "new" / "out").string()});
     CHECK(ok.rc == 0);
     CHECK(fs::exists(d / "new" / "out" / "sim-report.html"));
     fs::remove_all(d);
@@ -737,22 +706,15 @@ TEST_CASE("sim engine: compare sweeps every policy's budget", "[sim][engine][com
 }
 
 TEST_CASE("sim cli: subcommands answer --help and reject unknown options", "[sim][cli]") {
-    auto run_args = [](std::vector<std::string> a) {
-        std::vector<char*> argv;
-        std::string prog = "vlsparse-sim";
-        argv.push_back(prog.data());
-        for (auto& s : a) argv.push_back(s.data());
-        return sim_main(static_cast<int>(argv.size()), argv.data());
-    };
     for (const char* c : {"run", "compare", "characterize", "masks", "golden", "policies"})
-        CHECK(run_args({c, "--help"}) == 0);
-    CHECK(run_args({"--help"}) == 0);
-    CHECK(run_args({"run", "--frobnicate"}) == 2);
-    CHECK(run_args({"launch"}) == 2);
-    CHECK(run_args({"golden", "check", "x"}) == 2);
+        CHECK(sim_cli_status({c, "--help"}) == 0);
+    CHECK(sim_cli_status({"--help"}) == 0);
+    CHECK(sim_cli_status({"run", "--frobnicate"}) == 2);
+    CHECK(sim_cli_status({"launch"}) == 2);
+    CHECK(sim_cli_status({"golden", "check", "x"}) == 2);
     // masks writes one SVG per template
     const fs::path d = temp_dir("masks");
-    CHECK(run_args({"masks", "--layout", "text:4,image:16,text:2,image:16,text:3", "--out", d.string()}) == 0);
+    CHECK(sim_cli_status({"masks", "--layout", "text:4,image:16,text:2,image:16,text:3", "--out", d.string()}) == 0);
     for (const char* f : {"mask-dense.svg", "mask-sink.svg", "mask-document.svg", "mask-document-sink.svg"})
         CHECK(fs::exists(d / f));
     // characterize writes a head map that a blindsight policy loads
@@ -762,7 +724,7 @@ TEST_CASE("sim cli: subcommands answer --help and reject unknown options", "[sim
         std::ofstream f(d / "s.json");
         f << j.dump(2);
     }
-    CHECK(run_args({"characterize", (d / "s.json").string(), "--prompts", "2", "--out", (d / "map.json").string(),
+    CHECK(sim_cli_status({"characterize", (d / "s.json").string(), "--prompts", "2", "--out", (d / "map.json").string(),
                     "--quiet"}) == 0);
     const HeadMap m = load_head_map(d / "map.json", ModelShape{3, 4, 2, 32});
     CHECK(m.prompts == 2);
@@ -1099,16 +1061,9 @@ TEST_CASE("sim golden verify: a correct copy passes, a corrupted copy names the 
     CHECK(all.pass());
 
     // The command's exit status.
-    auto run_args = [](std::vector<std::string> a) {
-        std::vector<char*> argv;
-        std::string prog = "vlsparse-sim";
-        argv.push_back(prog.data());
-        for (auto& s : a) argv.push_back(s.data());
-        return sim_main(static_cast<int>(argv.size()), argv.data());
-    };
-    CHECK(run_args({"golden", "verify", tree.string(), "--golden", golden_root().string()}) == 0);
-    CHECK(run_args({"golden", "verify", named.string(), "--golden", golden_root().string()}) == 1);
-    CHECK(run_args({"golden", "verify", (d / "nothing").string(), "--golden", golden_root().string()}) == 2);
+    CHECK(sim_cli_status({"golden", "verify", tree.string(), "--golden", golden_root().string()}) == 0);
+    CHECK(sim_cli_status({"golden", "verify", named.string(), "--golden", golden_root().string()}) == 1);
+    CHECK(sim_cli_status({"golden", "verify", (d / "nothing").string(), "--golden", golden_root().string()}) == 2);
     fs::remove_all(d);
 }
 
@@ -1171,13 +1126,6 @@ TEST_CASE("sim golden verify: --golden names one case; an unnamed folder is matc
     CHECK(by_names.pass());
 
     // The command: exit 0 with --golden naming the case.
-    auto run_args = [](std::vector<std::string> a) {
-        std::vector<char*> argv;
-        std::string prog = "vlsparse-sim";
-        argv.push_back(prog.data());
-        for (auto& s : a) argv.push_back(s.data());
-        return sim_main(static_cast<int>(argv.size()), argv.data());
-    };
-    CHECK(run_args({"golden", "verify", port.string(), "--golden", src.string()}) == 0);
+    CHECK(sim_cli_status({"golden", "verify", port.string(), "--golden", src.string()}) == 0);
     fs::remove_all(d);
 }

@@ -13,6 +13,7 @@
 
 #include <vlsparse/sim/commands.hpp>
 
+#include "sim_cli.hpp"
 #include "test_util.hpp"
 
 namespace fs = std::filesystem;
@@ -28,13 +29,6 @@ fs::path export_temp_dir(const std::string& tag) {
     const fs::path p = fs::temp_directory_path() / ("vlsparse_export_test_" + tag + "_" + std::to_string(rng()));
     fs::create_directories(p);
     return p;
-}
-
-int run_cli(std::vector<std::string> args) {
-    args.insert(args.begin(), "vlsparse-sim");
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    return sim_main(static_cast<int>(argv.size()), argv.data());
 }
 
 // A run's report without the wall-clock fields (everything else must be identical).
@@ -60,7 +54,7 @@ TEST_CASE("sim export: a synthetic scenario exported and loaded as a dump gives 
         f << j.dump(2);
     }
     // Through the command line, as a user would.
-    REQUIRE(run_cli({"export", (d / "s.json").string(), (d / "qkv").string()}) == 0);
+    REQUIRE(vt::sim_cli_status({"export", (d / "s.json").string(), (d / "qkv").string()}) == 0);
     const DumpManifest m = read_dump_manifest(d / "qkv");
     const Scenario syn = load_scenario(d / "s.json");
     CHECK(m.shape == syn.model);
@@ -91,7 +85,7 @@ TEST_CASE("sim export: a synthetic scenario exported and loaded as a dump gives 
     CHECK(a.runs[1].kept_ratio() < 1.0);
 
     // The export of the dump is the same dump again (values bit for bit).
-    REQUIRE(run_cli({"export", (d / "dump.json").string(), (d / "qkv2").string()}) == 0);
+    REQUIRE(vt::sim_cli_status({"export", (d / "dump.json").string(), (d / "qkv2").string()}) == 0);
     auto p1 = make_plain_source(ds);
     DumpPlainSource p2(d / "qkv2");
     for (std::int64_t l = 0; l < 3; ++l) {
@@ -101,8 +95,8 @@ TEST_CASE("sim export: a synthetic scenario exported and loaded as a dump gives 
         CHECK(x.v == y.v);
     }
     // Bad use is reported.
-    CHECK(run_cli({"export"}) == 2);
-    CHECK(run_cli({"export", "--dtype", "fp8", (d / "x").string()}) == 2);
+    CHECK(vt::sim_cli_status({"export"}) == 2);
+    CHECK(vt::sim_cli_status({"export", "--dtype", "fp8", (d / "x").string()}) == 2);
     fs::remove_all(d);
 }
 
@@ -242,7 +236,7 @@ TEST_CASE("sim characterize: a residual source is calibrated on its dense run", 
         std::ofstream f(d / "r.json");
         f << j.dump(2);
     }
-    REQUIRE(run_cli({"characterize", (d / "r.json").string(), "--out", (d / "map.json").string(), "--quiet"}) == 0);
+    REQUIRE(vt::sim_cli_status({"characterize", (d / "r.json").string(), "--out", (d / "map.json").string(), "--quiet"}) == 0);
     const HeadMap map = load_head_map(d / "map.json", ModelShape{2, 4, 2, 16});
     CHECK(map.prompts == 1);
     CHECK(map.map.size() == 8);

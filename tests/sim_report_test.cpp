@@ -8,7 +8,6 @@
 // skipped under VLSPARSE_TEST_SMALL too, see there).
 #include <catch2/catch.hpp>
 
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -18,10 +17,9 @@
 #include <string>
 #include <vector>
 
-#include <unistd.h>
-
 #include <vlsparse/sim/commands.hpp>
 
+#include "sim_cli.hpp"
 #include "test_util.hpp"
 
 namespace sim_report_test {
@@ -62,42 +60,8 @@ std::string report_read(const fs::path& p) {
     return ss.str();
 }
 
-struct ReportOut {
-    int rc = 0;
-    std::string out, err;
-};
-// vlsparse-sim ARGS with stdout and stderr captured.
-ReportOut report_cli(std::vector<std::string> args) {
-    std::vector<char*> argv;
-    std::string prog = "vlsparse-sim";
-    argv.push_back(prog.data());
-    for (auto& a : args) argv.push_back(a.data());
-    std::fflush(stdout);
-    std::fflush(stderr);
-    std::FILE* fo = std::tmpfile();
-    std::FILE* fe = std::tmpfile();
-    REQUIRE(fo != nullptr);
-    REQUIRE(fe != nullptr);
-    const int so = ::dup(1), se = ::dup(2);
-    ::dup2(::fileno(fo), 1);
-    ::dup2(::fileno(fe), 2);
-    ReportOut r;
-    r.rc = sim_main(static_cast<int>(argv.size()), argv.data());
-    std::fflush(stdout);
-    std::fflush(stderr);
-    ::dup2(so, 1);
-    ::dup2(se, 2);
-    ::close(so);
-    ::close(se);
-    for (auto [f, dst] : {std::pair{fo, &r.out}, std::pair{fe, &r.err}}) {
-        std::rewind(f);
-        char buf[4096];
-        std::size_t k;
-        while ((k = std::fread(buf, 1, sizeof buf, f)) > 0) dst->append(buf, k);
-        std::fclose(f);
-    }
-    return r;
-}
+using vt::sim_cli;
+using vt::SimCliOutput;
 
 std::size_t report_count(const std::string& s, const std::string& what) {
     std::size_t n = 0;
@@ -120,7 +84,7 @@ std::string run_report(const std::vector<std::string>& policies, const std::stri
     std::ofstream(d / "s.json") << report_small_json(policies).dump(2);
     std::vector<std::string> args = {"run", (d / "s.json").string(), "--out", d.string(), "--quiet", "--json", (d / "r.json").string()};
     args.insert(args.end(), extra.begin(), extra.end());
-    const ReportOut o = report_cli(args);
+    const SimCliOutput o = sim_cli(args);
     INFO(o.out << o.err);
     REQUIRE(o.rc == 0);
     const std::string html = report_read(d / "sim-report.html");
@@ -198,10 +162,10 @@ TEST_CASE("sim report: the BlindSight mask panel when BlindSight ran", "[sim][re
 }
 
 TEST_CASE("sim report: --no-sweep is run's only", "[sim][report]") {
-    const ReportOut o = report_cli({"compare", "--no-sweep"});
+    const SimCliOutput o = sim_cli({"compare", "--no-sweep"});
     CHECK(o.rc != 0);
     CHECK_THAT(o.err, Contains("--no-sweep"));
-    const ReportOut h = report_cli({"run", "--help"});
+    const SimCliOutput h = sim_cli({"run", "--help"});
     CHECK(h.rc == 0);
     CHECK_THAT(h.out, Contains("--no-sweep"));
 }
@@ -302,7 +266,7 @@ TEST_CASE("sim report: fits 1280 and 800 px in headless Chromium", "[sim][report
     // writes the page's scroll width into the DOM, which --dump-dom prints. The window's width includes
     // its scroll bar.
     const fs::path d = report_temp_dir("chromium");
-    const ReportOut o = report_cli({"run", "--out", d.string(), "--quiet", "--set", "model.layers=3", "--set", "model.heads=2",
+    const SimCliOutput o = sim_cli({"run", "--out", d.string(), "--quiet", "--set", "model.layers=3", "--set", "model.heads=2",
                                     "--set", "model.kv_heads=1"});
     INFO(o.out << o.err);
     REQUIRE(o.rc == 0);

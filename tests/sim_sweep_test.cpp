@@ -4,17 +4,15 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
 #include <vector>
 
-#include <unistd.h>
-
 #include <vlsparse/sim/commands.hpp>
 
+#include "sim_cli.hpp"
 #include "test_util.hpp"
 
 namespace sim_sweep_test {
@@ -42,42 +40,8 @@ fs::path sweep_temp_dir(const std::string& tag) {
     return p;
 }
 
-struct Out {
-    int rc = 0;
-    std::string out, err;
-};
-// vlsparse-sim ARGS with stdout and stderr captured.
-Out sweep_cli(std::vector<std::string> args) {
-    std::vector<char*> argv;
-    std::string prog = "vlsparse-sim";
-    argv.push_back(prog.data());
-    for (auto& a : args) argv.push_back(a.data());
-    std::fflush(stdout);
-    std::fflush(stderr);
-    std::FILE* fo = std::tmpfile();
-    std::FILE* fe = std::tmpfile();
-    REQUIRE(fo != nullptr);
-    REQUIRE(fe != nullptr);
-    const int so = ::dup(1), se = ::dup(2);
-    ::dup2(::fileno(fo), 1);
-    ::dup2(::fileno(fe), 2);
-    Out r;
-    r.rc = sim_main(static_cast<int>(argv.size()), argv.data());
-    std::fflush(stdout);
-    std::fflush(stderr);
-    ::dup2(so, 1);
-    ::dup2(se, 2);
-    ::close(so);
-    ::close(se);
-    for (auto [f, dst] : {std::pair{fo, &r.out}, std::pair{fe, &r.err}}) {
-        std::rewind(f);
-        char buf[4096];
-        std::size_t k;
-        while ((k = std::fread(buf, 1, sizeof buf, f)) > 0) dst->append(buf, k);
-        std::fclose(f);
-    }
-    return r;
-}
+using vt::sim_cli;
+using vt::SimCliOutput;
 
 fs::path sweep_write_scenario(const json& j, const std::string& tag) {
     const fs::path d = sweep_temp_dir(tag);
@@ -232,8 +196,8 @@ TEST_CASE("sim sweep: command line, outputs and bad input", "[sim][sweep]") {
     js["policies"] = keep;
     const fs::path f = sweep_write_scenario(js, "cli");
     const fs::path d = f.parent_path();
-    const Out r = sweep_cli({"sweep", f.string(), "--seeds", "1", "--budgets", "20%,0.5", "--quiet", "--json",
-                       (d / "s.json.out").string(), "--out", d.string()});
+    const SimCliOutput r = sim_cli({"sweep", f.string(), "--seeds", "1", "--budgets", "20%,0.5", "--quiet", "--json",
+                                    (d / "s.json.out").string(), "--out", d.string()});
     INFO(r.out << r.err);
     REQUIRE(r.rc == 0);
     CHECK_THAT(r.out, Contains("NMSE decode at matched kept ratio (KV)"));
@@ -245,8 +209,8 @@ TEST_CASE("sim sweep: command line, outputs and bad input", "[sim][sweep]") {
     CHECK(j["budgets"] == json::array({0.2, 0.5}));
     CHECK(j["axis"] == "kept");
     // FLOPs axis: BlindSight has points there
-    const Out rf = sweep_cli({"sweep", f.string(), "--seeds", "1", "--x", "flops", "--budgets", "0.3,0.6", "--quiet", "--no-html",
-                        "--json", (d / "flops.json").string()});
+    const SimCliOutput rf = sim_cli({"sweep", f.string(), "--seeds", "1", "--x", "flops", "--budgets", "0.3,0.6", "--quiet",
+                                     "--no-html", "--json", (d / "flops.json").string()});
     REQUIRE(rf.rc == 0);
     CHECK_THAT(rf.out, Contains("at matched attention FLOPs"));
     std::ifstream ff(d / "flops.json");
@@ -267,7 +231,7 @@ TEST_CASE("sim sweep: command line, outputs and bad input", "[sim][sweep]") {
     for (const auto& [args, msg] : bad) {
         std::vector<std::string> a = {"sweep", f.string(), "--quiet", "--no-html"};
         a.insert(a.end(), args.begin(), args.end());
-        const Out e = sweep_cli(a);
+        const SimCliOutput e = sim_cli(a);
         INFO(args[0]);
         CHECK(e.rc == 2);
         CHECK_THAT(e.err, Contains(msg));
@@ -402,16 +366,16 @@ TEST_CASE("sim claims: end to end on a small scenario", "[sim][claims]") {
     // JSON and the command line
     CHECK(claims_json(s, R)["claims"].size() == 5);
     const fs::path f = sweep_write_scenario(j, "claims");
-    const Out c = sweep_cli({"claims", f.string(), "--seeds", "1", "--prompts", "1", "--quiet"});
+    const SimCliOutput c = sim_cli({"claims", f.string(), "--seeds", "1", "--prompts", "1", "--quiet"});
     INFO(c.out << c.err);
     REQUIRE(c.rc == 0);
     CHECK_THAT(c.out, Contains("zipvl-normalized"));
     CHECK_THAT(c.out, Contains("BlindSight"));
     // decode steps are needed
-    const Out e = sweep_cli({"claims", f.string(), "--set", "decode_steps=0", "--quiet"});
+    const SimCliOutput e = sim_cli({"claims", f.string(), "--set", "decode_steps=0", "--quiet"});
     CHECK(e.rc == 2);
     CHECK_THAT(e.err, Contains("decode_steps = 0: the claims compare decode outputs"));
-    const Out e2 = sweep_cli({"claims", f.string(), "--prompts", "0"});
+    const SimCliOutput e2 = sim_cli({"claims", f.string(), "--prompts", "0"});
     CHECK(e2.rc == 2);
     CHECK_THAT(e2.err, Contains("--prompts: '0' is not an integer in [1, 10000]"));
 }
@@ -461,7 +425,7 @@ TEST_CASE("sim realism: the generator's planted head kinds show in the statistic
     CHECK(std::isnan(sink.layers[2].rho_next));  // no next layer
     // the command line: table, JSON, bad input
     const fs::path f = sweep_write_scenario(sweep_small_json(0), "realism");
-    const Out r = sweep_cli({"realism", f.string(), "--quiet", "--json", (f.parent_path() / "r.json").string()});
+    const SimCliOutput r = sim_cli({"realism", f.string(), "--quiet", "--json", (f.parent_path() / "r.json").string()});
     INFO(r.out << r.err);
     REQUIRE(r.rc == 0);
     CHECK_THAT(r.out, Contains("rho"));
@@ -469,7 +433,7 @@ TEST_CASE("sim realism: the generator's planted head kinds show in the statistic
     const json j = json::parse(jf);
     CHECK(j["format"] == "vlsparse.sim.realism");
     CHECK(j["layers"].size() == 3);
-    const Out e = sweep_cli({"realism", f.string(), "--rows", "0"});
+    const SimCliOutput e = sim_cli({"realism", f.string(), "--rows", "0"});
     CHECK(e.rc == 2);
     CHECK_THAT(e.err, Contains("--rows: '0' is not an integer in [1, 1048576]"));
 }
@@ -492,7 +456,7 @@ TEST_CASE("sim fit: the generator fitted to a synthetic target with other parame
     // the command line writes a scenario that runs
     const fs::path f = sweep_write_scenario(t, "fit");
     const fs::path out = f.parent_path() / "fitted.json";
-    const Out r = sweep_cli({"fit", f.string(), "--rows", "8", "--passes", "1", "--quiet", "--out", out.string()});
+    const SimCliOutput r = sim_cli({"fit", f.string(), "--rows", "8", "--passes", "1", "--quiet", "--out", out.string()});
     INFO(r.out << r.err);
     REQUIRE(r.rc == 0);
     CHECK_THAT(r.out, Contains("generator defaults"));
@@ -502,7 +466,7 @@ TEST_CASE("sim fit: the generator fitted to a synthetic target with other parame
     CHECK(fitted["source"]["params"] == F.params);
     const Scenario back = scenario_from_json(fitted, out.string());
     CHECK(back.layout.to_string() == target.layout.to_string());
-    const Out e = sweep_cli({"fit"});
+    const SimCliOutput e = sim_cli({"fit"});
     CHECK(e.rc == 2);
     CHECK_THAT(e.err, Contains("missing TARGET"));
 }
