@@ -72,26 +72,59 @@ struct ReportPaths {
     std::optional<std::string> scenario;
 };
 
-// Options shared by run and compare (--no-sweep: run only); returns false on --help.
-inline bool parse_report_args(Args& a, ReportPaths& o, const char* usage, bool sweep_flag = false) {
+// Every command's argument loop: -h or --help prints `usage` and returns false (the command then exits
+// 0); option() consumes an option of the command and returns true, or returns false when the next
+// argument is none of them; any other argument that starts with '-' is an unknown option; the rest go
+// to positional(), which consumes one or fails.
+template <class Option, class Positional>
+bool parse_args(Args& a, const char* usage, Option&& option, Positional&& positional) {
     while (!a.empty()) {
         if (a.flag("-h") || a.flag("--help")) {
             std::fputs(usage, stdout);
             return false;
         }
-        if (auto v = a.value("--out")) o.out = *v;
-        else if (auto v2 = a.value("--html")) o.html = *v2;
-        else if (auto v3 = a.value("--json")) o.json = *v3;
-        else if (auto v4 = a.value("--set")) o.sets.push_back(*v4);
-        else if (a.flag("--no-html")) o.no_html = true;
-        else if (a.flag("--quiet")) o.quiet = true;
-        else if (a.flag("--per-layer")) o.per_layer = true;
-        else if (sweep_flag && a.flag("--no-sweep")) o.no_sweep = true;
-        else if (!a.peek().empty() && a.peek()[0] == '-') a.fail("unknown option '" + a.peek() + "'");
-        else if (!o.scenario) o.scenario = a.next();
-        else a.fail("unexpected argument '" + a.peek() + "' (one scenario file at most)");
+        if (option()) continue;
+        if (!a.peek().empty() && a.peek()[0] == '-') a.fail("unknown option '" + a.peek() + "'");
+        positional();
     }
     return true;
+}
+
+// The positional() of parse_args for one argument at most, stored in `into`; a second one is an
+// unexpected argument (`why`: what the message adds, e.g. " (one scenario file at most)").
+inline auto at_most_one(Args& a, std::optional<std::string>& into, const char* why = "") {
+    return [&a, &into, why] {
+        if (!into) into = a.next();
+        else a.fail("unexpected argument '" + a.peek() + "'" + why);
+    };
+}
+inline constexpr const char* kOneScenario = " (one scenario file at most)";
+
+// The report options of run, compare and sweep (--out, --html, --json, --set, --no-html, --quiet): true
+// when the next argument was one of them.
+inline bool report_option(Args& a, ReportPaths& o) {
+    if (auto v = a.value("--out")) o.out = *v;
+    else if (auto v2 = a.value("--html")) o.html = *v2;
+    else if (auto v3 = a.value("--json")) o.json = *v3;
+    else if (auto v4 = a.value("--set")) o.sets.push_back(*v4);
+    else if (a.flag("--no-html")) o.no_html = true;
+    else if (a.flag("--quiet")) o.quiet = true;
+    else return false;
+    return true;
+}
+
+// Options shared by run and compare (--no-sweep: run only); returns false on --help.
+inline bool parse_report_args(Args& a, ReportPaths& o, const char* usage, bool sweep_flag = false) {
+    return parse_args(
+        a, usage,
+        [&] {
+            if (report_option(a, o)) return true;
+            if (a.flag("--per-layer")) o.per_layer = true;
+            else if (sweep_flag && a.flag("--no-sweep")) o.no_sweep = true;
+            else return false;
+            return true;
+        },
+        at_most_one(a, o.scenario, kOneScenario));
 }
 
 // The reports' paths can be written: checked before the run, not found out after it.
@@ -231,27 +264,20 @@ inline std::vector<double> parse_budgets(const Args& a, const std::string& v) {
 inline int cmd_sweep(Args& a) {
     detail::ReportPaths o;
     SweepOptions so;
-    while (!a.empty()) {
-        if (a.flag("-h") || a.flag("--help")) {
-            std::fputs(kSweepUsage, stdout);
-            return 0;
-        }
-        if (auto v = a.value("--seeds")) so.seeds = a.integer("--seeds", *v, 1, 1000);
-        else if (auto v1 = a.value("--budgets")) so.budgets = parse_budgets(a, *v1);
-        else if (auto v2 = a.value("--x")) {
-            if (*v2 == "kept") so.axis = SweepAxis::kept;
-            else if (*v2 == "flops") so.axis = SweepAxis::flops;
-            else a.fail("--x: '" + *v2 + "', expected kept or flops");
-        } else if (auto v3 = a.value("--out")) o.out = *v3;
-        else if (auto v4 = a.value("--html")) o.html = *v4;
-        else if (auto v5 = a.value("--json")) o.json = *v5;
-        else if (auto v6 = a.value("--set")) o.sets.push_back(*v6);
-        else if (a.flag("--no-html")) o.no_html = true;
-        else if (a.flag("--quiet")) o.quiet = true;
-        else if (!a.peek().empty() && a.peek()[0] == '-') a.fail("unknown option '" + a.peek() + "'");
-        else if (!o.scenario) o.scenario = a.next();
-        else a.fail("unexpected argument '" + a.peek() + "' (one scenario file at most)");
-    }
+    const bool parsed = detail::parse_args(
+        a, kSweepUsage,
+        [&] {
+            if (auto v = a.value("--seeds")) so.seeds = a.integer("--seeds", *v, 1, 1000);
+            else if (auto v1 = a.value("--budgets")) so.budgets = parse_budgets(a, *v1);
+            else if (auto v2 = a.value("--x")) {
+                if (*v2 == "kept") so.axis = SweepAxis::kept;
+                else if (*v2 == "flops") so.axis = SweepAxis::flops;
+                else a.fail("--x: '" + *v2 + "', expected kept or flops");
+            } else return detail::report_option(a, o);
+            return true;
+        },
+        detail::at_most_one(a, o.scenario, detail::kOneScenario));
+    if (!parsed) return 0;
     check_sweep_options(so, "vlsparse-sim sweep");
     const Scenario s = detail::load_with_sets(o.scenario, o.sets);
     detail::check_report_paths(o, "sim-sweep.html");
@@ -284,20 +310,19 @@ inline int cmd_claims(Args& a) {
     std::vector<std::string> sets;
     ClaimsOptions co;
     bool quiet = false;
-    while (!a.empty()) {
-        if (a.flag("-h") || a.flag("--help")) {
-            std::fputs(kClaimsUsage, stdout);
-            return 0;
-        }
-        if (auto v = a.value("--seeds")) co.seeds = a.integer("--seeds", *v, 1, 1000);
-        else if (auto v1 = a.value("--prompts")) co.prompts = a.integer("--prompts", *v1, 1, 10000);
-        else if (auto v2 = a.value("--json")) json_out = *v2;
-        else if (auto v3 = a.value("--set")) sets.push_back(*v3);
-        else if (a.flag("--quiet")) quiet = true;
-        else if (!a.peek().empty() && a.peek()[0] == '-') a.fail("unknown option '" + a.peek() + "'");
-        else if (!file) file = a.next();
-        else a.fail("unexpected argument '" + a.peek() + "' (one scenario file at most)");
-    }
+    const bool parsed = detail::parse_args(
+        a, kClaimsUsage,
+        [&] {
+            if (auto v = a.value("--seeds")) co.seeds = a.integer("--seeds", *v, 1, 1000);
+            else if (auto v1 = a.value("--prompts")) co.prompts = a.integer("--prompts", *v1, 1, 10000);
+            else if (auto v2 = a.value("--json")) json_out = *v2;
+            else if (auto v3 = a.value("--set")) sets.push_back(*v3);
+            else if (a.flag("--quiet")) quiet = true;
+            else return false;
+            return true;
+        },
+        detail::at_most_one(a, file, detail::kOneScenario));
+    if (!parsed) return 0;
     const Scenario s = detail::load_with_sets(file, sets);
     if (json_out) check_writable(*json_out, "JSON report");
     print_header(stdout, "claims", s, nullptr);
@@ -323,20 +348,19 @@ inline int cmd_realism(Args& a) {
     std::vector<std::string> sets;
     RealismOptions ro;
     bool quiet = false;
-    while (!a.empty()) {
-        if (a.flag("-h") || a.flag("--help")) {
-            std::fputs(kRealismUsage, stdout);
-            return 0;
-        }
-        if (auto v = a.value("--rows")) ro.rows = a.integer("--rows", *v, 1, 1 << 20);
-        else if (auto v1 = a.value("--local-radius")) ro.local_radius = a.integer("--local-radius", *v1, 0, 1 << 20);
-        else if (auto v2 = a.value("--json")) json_out = *v2;
-        else if (auto v3 = a.value("--set")) sets.push_back(*v3);
-        else if (a.flag("--quiet")) quiet = true;
-        else if (!a.peek().empty() && a.peek()[0] == '-') a.fail("unknown option '" + a.peek() + "'");
-        else if (!file) file = a.next();
-        else a.fail("unexpected argument '" + a.peek() + "' (one scenario file at most)");
-    }
+    const bool parsed = detail::parse_args(
+        a, kRealismUsage,
+        [&] {
+            if (auto v = a.value("--rows")) ro.rows = a.integer("--rows", *v, 1, 1 << 20);
+            else if (auto v1 = a.value("--local-radius")) ro.local_radius = a.integer("--local-radius", *v1, 0, 1 << 20);
+            else if (auto v2 = a.value("--json")) json_out = *v2;
+            else if (auto v3 = a.value("--set")) sets.push_back(*v3);
+            else if (a.flag("--quiet")) quiet = true;
+            else return false;
+            return true;
+        },
+        detail::at_most_one(a, file, detail::kOneScenario));
+    if (!parsed) return 0;
     const Scenario s = detail::load_with_sets(file, sets);
     if (json_out) check_writable(*json_out, "JSON report");
     print_header(stdout, "realism", s, nullptr);
@@ -365,20 +389,19 @@ inline int cmd_fit(Args& a) {
     RealismOptions ro;
     std::int64_t passes = 2;
     bool quiet = false;
-    while (!a.empty()) {
-        if (a.flag("-h") || a.flag("--help")) {
-            std::fputs(kFitUsage, stdout);
-            return 0;
-        }
-        if (auto v = a.value("--rows")) ro.rows = a.integer("--rows", *v, 1, 1 << 20);
-        else if (auto v1 = a.value("--passes")) passes = a.integer("--passes", *v1, 1, 100);
-        else if (auto v2 = a.value("--out")) out = *v2;
-        else if (auto v3 = a.value("--set")) sets.push_back(*v3);
-        else if (a.flag("--quiet")) quiet = true;
-        else if (!a.peek().empty() && a.peek()[0] == '-') a.fail("unknown option '" + a.peek() + "'");
-        else if (!file) file = a.next();
-        else a.fail("unexpected argument '" + a.peek() + "' (one scenario file at most)");
-    }
+    const bool parsed = detail::parse_args(
+        a, kFitUsage,
+        [&] {
+            if (auto v = a.value("--rows")) ro.rows = a.integer("--rows", *v, 1, 1 << 20);
+            else if (auto v1 = a.value("--passes")) passes = a.integer("--passes", *v1, 1, 100);
+            else if (auto v2 = a.value("--out")) out = *v2;
+            else if (auto v3 = a.value("--set")) sets.push_back(*v3);
+            else if (a.flag("--quiet")) quiet = true;
+            else return false;
+            return true;
+        },
+        detail::at_most_one(a, file, detail::kOneScenario));
+    if (!parsed) return 0;
     if (!file) a.fail("missing TARGET: a scenario whose source to fit (e.g. one with a dump source)");
     const Scenario s = detail::load_with_sets(file, sets);
     if (s.model.head_dim < 8) a.fail("the target's head_dim = " + std::to_string(s.model.head_dim) + ", the generator needs >= 8");
@@ -422,25 +445,24 @@ inline int cmd_characterize(Args& a) {
     std::int64_t prompts = 4;
     BlindSightParams P;
     bool quiet = false;
-    while (!a.empty()) {
-        if (a.flag("-h") || a.flag("--help")) {
-            std::fputs(kCharacterizeUsage, stdout);
-            return 0;
-        }
-        if (auto v = a.value("--prompts")) prompts = a.integer("--prompts", *v, 1, 10000);
-        else if (auto v1 = a.value("--out")) out = *v1;
-        else if (auto v2 = a.value("--svg")) svg_out = *v2;
-        else if (auto v3 = a.value("--alpha")) P.alpha = a.number("--alpha", *v3);
-        else if (auto v4 = a.value("--gamma-c")) P.gamma_c = a.number("--gamma-c", *v4);
-        else if (auto v5 = a.value("--gamma-s")) P.gamma_s = a.number("--gamma-s", *v5);
-        else if (auto v6 = a.value("--gamma-d")) P.gamma_d = a.number("--gamma-d", *v6);
-        else if (auto v7 = a.value("--sink-fraction")) P.mask.sink_fraction = a.number("--sink-fraction", *v7);
-        else if (auto v8 = a.value("--set")) sets.push_back(*v8);
-        else if (a.flag("--quiet")) quiet = true;
-        else if (!a.peek().empty() && a.peek()[0] == '-') a.fail("unknown option '" + a.peek() + "'");
-        else if (!file) file = a.next();
-        else a.fail("unexpected argument '" + a.peek() + "'");
-    }
+    const bool parsed = detail::parse_args(
+        a, kCharacterizeUsage,
+        [&] {
+            if (auto v = a.value("--prompts")) prompts = a.integer("--prompts", *v, 1, 10000);
+            else if (auto v1 = a.value("--out")) out = *v1;
+            else if (auto v2 = a.value("--svg")) svg_out = *v2;
+            else if (auto v3 = a.value("--alpha")) P.alpha = a.number("--alpha", *v3);
+            else if (auto v4 = a.value("--gamma-c")) P.gamma_c = a.number("--gamma-c", *v4);
+            else if (auto v5 = a.value("--gamma-s")) P.gamma_s = a.number("--gamma-s", *v5);
+            else if (auto v6 = a.value("--gamma-d")) P.gamma_d = a.number("--gamma-d", *v6);
+            else if (auto v7 = a.value("--sink-fraction")) P.mask.sink_fraction = a.number("--sink-fraction", *v7);
+            else if (auto v8 = a.value("--set")) sets.push_back(*v8);
+            else if (a.flag("--quiet")) quiet = true;
+            else return false;
+            return true;
+        },
+        detail::at_most_one(a, file));
+    if (!parsed) return 0;
     check_blindsight_params(P, "vlsparse-sim characterize");
     Scenario s = detail::load_with_sets(file, sets);
     check_writable(out, "head map");
@@ -503,21 +525,20 @@ inline int cmd_masks(Args& a) {
     std::string out = "masks";
     int cell = 0;
     MaskOptions mo;
-    while (!a.empty()) {
-        if (a.flag("-h") || a.flag("--help")) {
-            std::fputs(kMasksUsage, stdout);
-            return 0;
-        }
-        if (auto v = a.value("--layout")) layout_spec = *v;
-        else if (auto v1 = a.value("--template")) only = *v1;
-        else if (auto v2 = a.value("--out")) out = *v2;
-        else if (auto v3 = a.value("--cell")) cell = static_cast<int>(a.integer("--cell", *v3, 1, 64));
-        else if (auto v4 = a.value("--sink-fraction")) mo.sink_fraction = a.number("--sink-fraction", *v4);
-        else if (auto v5 = a.value("--head-map")) head_map = *v5;
-        else if (!a.peek().empty() && a.peek()[0] == '-') a.fail("unknown option '" + a.peek() + "'");
-        else if (!file) file = a.next();
-        else a.fail("unexpected argument '" + a.peek() + "'");
-    }
+    const bool parsed = detail::parse_args(
+        a, kMasksUsage,
+        [&] {
+            if (auto v = a.value("--layout")) layout_spec = *v;
+            else if (auto v1 = a.value("--template")) only = *v1;
+            else if (auto v2 = a.value("--out")) out = *v2;
+            else if (auto v3 = a.value("--cell")) cell = static_cast<int>(a.integer("--cell", *v3, 1, 64));
+            else if (auto v4 = a.value("--sink-fraction")) mo.sink_fraction = a.number("--sink-fraction", *v4);
+            else if (auto v5 = a.value("--head-map")) head_map = *v5;
+            else return false;
+            return true;
+        },
+        detail::at_most_one(a, file));
+    if (!parsed) return 0;
     if (file && layout_spec) a.fail("give a scenario or --layout, not both");
     Scenario s;
     Layout layout;
@@ -595,17 +616,16 @@ inline int cmd_golden(Args& a) {
     if (!a.flag("verify")) a.fail("unknown golden command '" + a.peek() + "', expected: golden verify DIR");
     std::optional<std::string> dir, json_out;
     std::filesystem::path golden = default_golden_dir();
-    while (!a.empty()) {
-        if (a.flag("-h") || a.flag("--help")) {
-            std::fputs(kGoldenUsage, stdout);
-            return 0;
-        }
-        if (auto v = a.value("--golden")) golden = *v;
-        else if (auto v1 = a.value("--json")) json_out = *v1;
-        else if (!a.peek().empty() && a.peek()[0] == '-') a.fail("unknown option '" + a.peek() + "'");
-        else if (!dir) dir = a.next();
-        else a.fail("unexpected argument '" + a.peek() + "'");
-    }
+    const bool parsed = detail::parse_args(
+        a, kGoldenUsage,
+        [&] {
+            if (auto v = a.value("--golden")) golden = *v;
+            else if (auto v1 = a.value("--json")) json_out = *v1;
+            else return false;
+            return true;
+        },
+        detail::at_most_one(a, dir));
+    if (!parsed) return 0;
     if (!dir) a.fail("missing DIR: the folder of the port's outputs");
     const GoldenVerifyResult r = golden_verify(*dir, golden);
     print_golden_verify(stdout, r);
@@ -641,22 +661,24 @@ inline int cmd_policies(Args& a) {
 inline int cmd_export(Args& a) {
     std::vector<std::string> pos, sets;
     ExportOptions opt;
-    while (!a.empty()) {
-        if (a.flag("-h") || a.flag("--help")) {
-            std::fputs(kExportUsage, stdout);
-            return 0;
-        }
-        if (auto v = a.value("--set")) sets.push_back(*v);
-        else if (auto v1 = a.value("--dtype")) {
-            if (*v1 == "fp32") opt.dtype = DType::f32;
-            else if (*v1 == "fp16") opt.dtype = DType::f16;
-            else if (*v1 == "bf16") opt.dtype = DType::bf16;
-            else a.fail("--dtype: '" + *v1 + "', expected fp32, fp16 or bf16");
-        } else if (a.flag("--safetensors")) opt.storage = "safetensors";
-        else if (!a.peek().empty() && a.peek()[0] == '-') a.fail("unknown option '" + a.peek() + "'");
-        else if (pos.size() < 2) pos.push_back(a.next());
-        else a.fail("unexpected argument '" + a.peek() + "' (a scenario and an output folder at most)");
-    }
+    const bool parsed = detail::parse_args(
+        a, kExportUsage,
+        [&] {
+            if (auto v = a.value("--set")) sets.push_back(*v);
+            else if (auto v1 = a.value("--dtype")) {
+                if (*v1 == "fp32") opt.dtype = DType::f32;
+                else if (*v1 == "fp16") opt.dtype = DType::f16;
+                else if (*v1 == "bf16") opt.dtype = DType::bf16;
+                else a.fail("--dtype: '" + *v1 + "', expected fp32, fp16 or bf16");
+            } else if (a.flag("--safetensors")) opt.storage = "safetensors";
+            else return false;
+            return true;
+        },
+        [&] {
+            if (pos.size() < 2) pos.push_back(a.next());
+            else a.fail("unexpected argument '" + a.peek() + "' (a scenario and an output folder at most)");
+        });
+    if (!parsed) return 0;
     if (pos.empty()) a.fail("missing OUTDIR");
     const std::optional<std::string> file = pos.size() == 2 ? std::optional<std::string>(pos[0]) : std::nullopt;
     const Scenario s = detail::load_with_sets(file, sets);
