@@ -276,6 +276,22 @@ TEST_CASE("cuda decode: long caches split into chunks merged exactly; ragged bat
             check_case<bfloat16>(c, false, cuda::DecodeKernel::cuda_cores);
             check_case<float>(c);
         }
+    // One long list of one KV head: a single unit cut into a couple of hundred chunks (more than the
+    // merge's threads and its load batches), 8 query vectors per unit (two new tokens x G = 4).
+    for (int lists : {0, 1}) {
+        Case c;
+        c.B = 1;
+        c.Hkv = 1;
+        c.G = 4;
+        c.d = 128;
+        c.lens = {60013};
+        c.qlens = {2};
+        c.lists = lists;
+        c.frac = 0.5;
+        c.seed = seed++;
+        check_case<bfloat16>(c);
+        check_case<bfloat16>(c, false, cuda::DecodeKernel::cuda_cores);
+    }
 }
 
 TEST_CASE("cuda decode: q_len up to 8, causal among the new tokens", "[cuda][decode]") {
