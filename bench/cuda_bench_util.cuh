@@ -40,11 +40,27 @@ inline std::vector<std::int64_t> parse_size_list(const char* s) {
     return v;
 }
 
-// Median time in microseconds of call() (on the default stream), L2 evicted before each call.
+// Reads p[0, n) (a dependent xor the compiler cannot drop): empties the L2 of dirty lines.
+template <int Unused = 0>
+__global__ void bench_read_flush(const uint4* p, std::size_t n, unsigned* sink) {
+    unsigned acc = 0;
+    for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+        const uint4 x = __ldcs(p + i);
+        acc ^= x.x ^ x.y ^ x.z ^ x.w;
+    }
+    if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+// Median time in microseconds of call() (on the default stream), L2 evicted before each call: by a
+// write of the flush buffer (default; the figures of the selection and prefill tables), or with
+// read_flush by a read of it, which leaves clean lines (a write leaves up to 50 MiB of dirty lines
+// whose write-back the timed call pays: 5-8 us, which matters for calls of tens of microseconds).
 class EventTimer {
 public:
-    EventTimer() {
+    explicit EventTimer(bool read_flush = false) : read_(read_flush) {
         VLSPARSE_BENCH_CK(cudaMalloc(&flush_, kFlushBytes));
+        VLSPARSE_BENCH_CK(cudaMemset(flush_, 0, kFlushBytes));
         VLSPARSE_BENCH_CK(cudaEventCreate(&e0_));
         VLSPARSE_BENCH_CK(cudaEventCreate(&e1_));
     }
@@ -59,7 +75,12 @@ public:
     double median_us(F&& call, int warmup, int reps) {
         std::vector<float> t;
         for (int r = 0; r < warmup + reps; ++r) {
-            VLSPARSE_BENCH_CK(cudaMemsetAsync(flush_, r & 0xff, kFlushBytes));
+            if (read_) {
+                bench_read_flush<><<<1056, 512>>>(static_cast<const uint4*>(flush_), kFlushBytes / 16, static_cast<unsigned*>(flush_));
+                VLSPARSE_BENCH_CK(cudaGetLastError());
+            } else {
+                VLSPARSE_BENCH_CK(cudaMemsetAsync(flush_, r & 0xff, kFlushBytes));
+            }
             VLSPARSE_BENCH_CK(cudaEventRecord(e0_));
             call();
             VLSPARSE_BENCH_CK(cudaEventRecord(e1_));
@@ -74,6 +95,7 @@ public:
     }
 
 private:
+    bool read_ = false;
     static constexpr std::size_t kFlushBytes = std::size_t{256} << 20;  // 256 MiB: well past the L2
     void* flush_ = nullptr;
     cudaEvent_t e0_{}, e1_{};

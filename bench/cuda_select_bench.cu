@@ -25,6 +25,7 @@
 
 #include <vlsparse/core/rng.hpp>
 #include <vlsparse/cuda/avl.cuh>
+#include <vlsparse/cuda/decode.cuh>
 #include <vlsparse/cuda/baselines.cuh>
 #include <vlsparse/cuda/purekv.cuh>
 #include <vlsparse/cuda/zipvl.cuh>
@@ -134,6 +135,60 @@ int main(int argc, char** argv) {
             AvlParams P;  // rate 0.5, compute_rate 0.7: kept and core sets (two list builds)
             const double med = timer.median_us([&] { avl.select(qv, kv, layout, P); }, warmup, reps);
             row("avl_select", med, avl.select(qv, kv, layout, P).kept.kept_ratio(), "rate 0.5 compute_rate 0.7 kept + core sets");
+        }
+        {
+            // Decode-time work (target: <= 10% of one dense decode step of the layer): A-VL's rows of a
+            // step (cuda::AvlDecodeSchedule::positions, a non-refresh step) and the core re-rank after a
+            // refresh step (refresh, checked: one synchronization; unchecked: none), beside one dense
+            // decode step over the layer's n rows (B = 1, the same K / V, checks off).
+            AvlParams P;
+            P.refresh_every = 3;
+            cuda::AvlDecodeSchedule sch;
+            sch.reset(avl.select(qv, kv, layout, P), P);
+            sch.begin_step(0);
+            const std::int64_t full = sch.positions(0, n + 1).indptr.back();
+            std::vector<float> probs(static_cast<std::size_t>(full));
+            for (auto& x : probs) x = static_cast<float>(rng.uniform());
+            cuda::DeviceArray<float> pd(probs);
+            std::int64_t t = 0;
+            auto next_step = [&](bool refresh) {
+                do ++t;
+                while (sch.is_refresh(t) != refresh);
+                sch.begin_step(t);
+            };
+            bench::EventTimer rt(true);  // read flush: calls of tens of microseconds (see cuda_bench_util.cuh)
+            const double ref = rt.median_us([&] {
+                next_step(true);
+                sch.positions(t, n + 1);
+                sch.refresh(t, pd.data());
+            }, warmup, reps);
+            row("avl_decode_refresh", ref, static_cast<double>(full) / static_cast<double>(n), "rows of a refresh step + core re-rank, checked (one sync)");
+            const double ref_ns = rt.median_us([&] {
+                next_step(true);
+                sch.positions(t, n + 1);
+                sch.refresh(t, pd.data(), nullptr, false);
+            }, warmup, reps);
+            row("avl_decode_refresh_nosync", ref_ns, static_cast<double>(full) / static_cast<double>(n), "rows of a refresh step + core re-rank, unchecked (no sync)");
+            const double pos = rt.median_us([&] {
+                next_step(false);
+                sch.positions(t, n + 1);
+            }, warmup, reps);
+            row("avl_decode_rows", pos, static_cast<double>(sch.base_rows() + 1) / static_cast<double>(n), "rows of a non-refresh step (core + text + decode tokens)");
+            // One dense decode step of the layer: K / V token-major [n, H_kv, d] as a batch of one.
+            std::vector<std::int32_t> lens{static_cast<std::int32_t>(n)};
+            cuda::DeviceArray<std::int32_t> lens_d(lens);
+            const KvBatchView<const bfloat16> cv = contiguous_kv_batch<const bfloat16>(kd.data(), vd.data(), 1, n, Hkv, d, lens_d.data());
+            cuda::DecodePlan plan;
+            plan.plan({lens, {}, {}, 1}, H, Hkv, d);
+            cuda::DeviceArray<bfloat16> q1(static_cast<std::size_t>(H * d)), o1(static_cast<std::size_t>(H * d));
+            VLSPARSE_BENCH_CK(cudaMemcpy(q1.data(), qd.data(), static_cast<std::size_t>(H * d) * sizeof(bfloat16), cudaMemcpyDeviceToDevice));
+            cuda::DecodeOptions dop;
+            dop.check_inputs = false;
+            dop.check_finite = false;
+            const View3<const bfloat16> q1v(q1.data(), {1, H, d});
+            const View3<bfloat16> o1v(o1.data(), {1, H, d});
+            const double dec = rt.median_us([&] { cuda::batched_decode_attention(plan, q1v, cv, BatchRowLists{}, o1v, dop); }, warmup, reps);
+            row("dense_decode_step", dec, 1.0, "one dense decode step of the layer, B = 1 (batched_decode_attention)");
         }
         {
             StreamingLLMParams P;

@@ -81,6 +81,24 @@ def main(argv=None):
             label = p + (f" ({float(kept) * 100:.0f}%)" if kept else "")
             lines2.append(f"| {label} | " + " | ".join(cells) + " |")
         lines += lines2
+    # Decode-time work beside one dense decode step of the layer (target of "CUDA II": <= 10%).
+    dec = ["avl_decode_rows", "avl_decode_refresh", "avl_decode_refresh_nosync"]
+    if any(("dense_decode_step", n) in t for n in ns):
+        lines3 = ["", "| decode-time work | " + " | ".join(f"{n // 1024}K" for n in ns) + " |",
+                  "| --- |" + " --- |" * len(ns),
+                  "| dense_decode_step (B = 1) | " + " | ".join(us(t[("dense_decode_step", n)]) if ("dense_decode_step", n) in t else "-" for n in ns) + " |"]
+        for p in dec:
+            cells = []
+            for n in ns:
+                x, ds = t.get((p, n)), t.get(("dense_decode_step", n))
+                if x is None or not ds:
+                    cells.append("-")
+                    continue
+                cells.append(f"{us(x)} ({x / ds * 100:.1f}%)")
+                verdicts.append(f"- {p}, n = {n // 1024}K: {x / ds * 100:.1f}% of a dense decode step (target <= 10%): "
+                                f"{'met' if x / ds <= 0.10 else 'MISSED'}")
+            lines3.append(f"| {p} | " + " | ".join(cells) + " |")
+        lines += lines3
     text = "\n".join(lines + [""] + verdicts) + "\n"
     if a.out == "-":
         sys.stdout.write(text)

@@ -187,3 +187,87 @@ TEST_CASE("cuda avl: errors", "[cuda][avl]") {
     REQUIRE(s.kept.indptr.back() == 16 + 24);        // the text tokens and half of the image
     REQUIRE(s.core.indptr.back() == 14);             // floor(0.3 * 48)
 }
+
+// cuda::AvlDecodeSchedule against the CPU's DecodeSchedule built from the same selection: the rows of
+// every step and the core set re-ranked from the same probabilities (quantized to a few levels, so
+// that ranks tie), synchronous and asynchronous refresh, refresh every step (K = 0).
+TEST_CASE("cuda avl: the decode schedule (rows per step, refresh re-rank) against DecodeSchedule", "[cuda][avl][decode]") {
+    cuda::AvlSelector sel;
+    cuda::AvlDecodeSchedule sch;
+    const Layout layout = Layout::parse("text:9,image:64,text:5,image:100,text:7");
+    const std::int64_t n = layout.n(), H = 8, Hkv = 2, d = 64;
+    SplitMix64 rng(20261125u + 77);
+    const auto q = random_values<bfloat16>(static_cast<std::size_t>(n * H * d), 2.0, rng);
+    const auto k = random_values<bfloat16>(static_cast<std::size_t>(n * Hkv * d), 1.0, rng);
+    cuda::DeviceArray<bfloat16> qd(q), kd(k);
+    const View3<const bfloat16> qv(qd.data(), {n, H, d}), kv(kd.data(), {n, Hkv, d});
+    struct Variant {
+        double rate, compute;
+        std::int64_t K;
+        bool async, check;
+        AvlSpans spans;
+    };
+    const std::vector<Variant> variants{{0.5, 0.7, 3, false, true, AvlSpans::per_image},
+                                        {0.5, 0.7, 3, true, true, AvlSpans::per_image},
+                                        {0.3, 0.9, 2, false, false, AvlSpans::single_span},
+                                        {0.6, 0.8, 4, true, false, AvlSpans::single_span},
+                                        {0.5, 0.7, 0, false, true, AvlSpans::per_image}};
+    for (const auto& v : variants) {
+        AvlParams P;
+        P.rate = v.rate;
+        P.compute_rate = v.compute;
+        P.refresh_every = v.K;
+        P.async_refresh = v.async;
+        P.spans = v.spans;
+        INFO("rate " << v.rate << " compute_rate " << v.compute << " K " << v.K << " async " << v.async << " check "
+                     << v.check << " spans " << to_string(v.spans));
+        const cuda::DeviceAvlSelection& s = sel.select(qv, kv, layout, P);
+        const TokenSelection kept = s.kept.to_host();
+        const AvlSelection want = avl_select(kept.scores.at(0), layout, P);
+        REQUIRE(kept.indices.at(0) == want.kept.indices.at(0));
+        DecodeSchedule cpu(want, P);
+        sch.reset(s, P);
+        for (std::int64_t t = 0; t < 10; ++t) {
+            INFO("step " << t);
+            const std::int64_t seq = n + t + 1;
+            cpu.begin_step(t);
+            sch.begin_step(t);
+            const std::vector<std::int64_t> cl = cpu.positions(t, seq).indices.at(0);
+            const TokenSelection gl = sch.positions(t, seq).to_host();
+            REQUIRE(gl.n == seq);
+            REQUIRE(gl.indices.at(0) == cl);
+            if (!cpu.splits() || !cpu.is_refresh(t)) continue;
+            REQUIRE(sch.is_refresh(t));
+            // Probabilities of the listed rows, a few levels only (ties at the cuts).
+            std::vector<float> probs(cl.size());
+            for (auto& x : probs) x = static_cast<float>(std::floor(rng.uniform() * 6.0)) / 64.0f;
+            cuda::DeviceArray<float> pd(probs);
+            sch.refresh(t, pd.data(), nullptr, v.check);
+            cpu.refresh(t, [&](std::int64_t p) {
+                const auto it = std::lower_bound(cl.begin(), cl.end(), p);
+                return static_cast<double>(probs[static_cast<std::size_t>(it - cl.begin())]);
+            });
+        }
+    }
+    // Errors.
+    AvlParams P;
+    P.refresh_every = 3;
+    const cuda::DeviceAvlSelection& s = sel.select(qv, kv, layout, P);
+    sch.reset(s, P);
+    sch.begin_step(0);
+    const auto& rows = sch.positions(0, n + 1);
+    std::vector<float> bad(static_cast<std::size_t>(rows.indptr.back()), 0.01f);
+    // NaN at a kept image row (the rows the re-rank reads; a text row's probability is not ranked).
+    const std::vector<std::int64_t> listed = rows.to_host().indices.at(0);
+    const auto img = std::find_if(listed.begin(), listed.end(), [](std::int64_t p) { return p >= 9 && p < 73; });
+    REQUIRE(img != listed.end());
+    bad[static_cast<std::size_t>(img - listed.begin())] = std::nanf("");
+    cuda::DeviceArray<float> bd(bad);
+    REQUIRE_THROWS_WITH(sch.refresh(0, bd.data()), Contains("not finite"));
+    REQUIRE_THROWS_WITH(sch.positions(0, n), Contains("expected > the prompt length"));
+    sch.begin_step(1);
+    REQUIRE_THROWS_WITH(sch.refresh(1, bd.data()), Contains("not a refresh step"));
+    REQUIRE_THROWS_WITH(sch.begin_step(1), Contains("increasing order"));
+    cuda::AvlDecodeSchedule fresh;
+    REQUIRE_THROWS_WITH(fresh.begin_step(0), Contains("reset()"));
+}

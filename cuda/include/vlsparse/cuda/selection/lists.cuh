@@ -394,6 +394,9 @@ public:
         return res_;
     }
 
+    // Where compact() writes the lists (device, list by list; valid until the next begin()): for a caller
+    // that knows the lists' lengths and skips the read-back of finish().
+    const std::int32_t* indices_device() const { return indices_; }
     // The keep mask of the selection being built ([G][n] device bytes; valid until the next begin()).
     const std::uint8_t* keep_mask() const { return keep_; }
     const DeviceSelection& result() const { return res_; }
