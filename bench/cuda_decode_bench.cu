@@ -223,7 +223,7 @@ void run_case(const Shape& s, int P, const std::vector<double>& fracs, bool with
     double t_dense = 0.0;
     if (with_dense) {
         cuda::DecodePlan plan;
-        plan.plan({lens, q_indptr, {}, 1}, H, s.Hkv, d);
+        plan.plan({lens, q_indptr, {}, 1}, H, s.Hkv, d, false, nullptr, dtype_of<T>());
         // One checked call first: the timed configuration is a valid one.
         cuda::DecodeOptions chk;
         chk.kernel = g_kernel;
@@ -244,7 +244,7 @@ void run_case(const Shape& s, int P, const std::vector<double>& fracs, bool with
         cuda::DeviceArray<std::int32_t> ind_d(indptr), idx_d(idx);
         const BatchRowLists lists{ind_d.data(), idx_d.data(), 1};
         cuda::DecodePlan plan;
-        plan.plan({lens, q_indptr, indptr, 1}, H, s.Hkv, d);
+        plan.plan({lens, q_indptr, indptr, 1}, H, s.Hkv, d, false, nullptr, dtype_of<T>());
         cuda::DecodeOptions chk;
         chk.kernel = g_kernel;
         cuda::batched_decode_attention(plan, qv, cv, lists, ov, chk);

@@ -179,7 +179,7 @@ int main(int argc, char** argv) {
             cuda::DeviceArray<std::int32_t> lens_d(lens);
             const KvBatchView<const bfloat16> cv = contiguous_kv_batch<const bfloat16>(kd.data(), vd.data(), 1, n, Hkv, d, lens_d.data());
             cuda::DecodePlan plan;
-            plan.plan({lens, {}, {}, 1}, H, Hkv, d);
+            plan.plan({lens, {}, {}, 1}, H, Hkv, d, false, nullptr, DType::bf16);
             cuda::DeviceArray<bfloat16> q1(static_cast<std::size_t>(H * d)), o1(static_cast<std::size_t>(H * d));
             VLSPARSE_BENCH_CK(cudaMemcpy(q1.data(), qd.data(), static_cast<std::size_t>(H * d) * sizeof(bfloat16), cudaMemcpyDeviceToDevice));
             cuda::DecodeOptions dop;

@@ -57,7 +57,7 @@ int main() {
     // Once per step: the plan, from the host copies of the lengths and the list indptr.
     const DecodeBatchHost meta{lens, {}, indptr, Hkv};
     cuda::DecodePlan plan;
-    plan.plan(meta, H, Hkv, d);
+    plan.plan(meta, H, Hkv, d, /*with_probs=*/false, /*stream=*/nullptr, DType::bf16);  // sized for a bf16 cache
     // Per layer (checks on here; an engine's decode loop turns them off).
     cuda::batched_decode_attention(plan, View3<const bfloat16>(q_d.data(), {B, H, d}), cache, lists,
                                    View3<bfloat16>(out_d.data(), {B, H, d}));

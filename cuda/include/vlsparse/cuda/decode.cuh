@@ -79,8 +79,12 @@ public:
 
     // meta: the step's host metadata (lengths of every sequence, q_indptr, list indptr). With
     // with_probs, the plan also holds room for the probabilities of every listed row.
+    // cache_type: the element type of the cache the plan will serve, when known: a bf16 cache with
+    // 64 < head_dim <= 128 and one new token per sequence gets chunks sized for the tensor-core
+    // kernel's 3-stage ring (2 blocks per multiprocessor; 2-5% faster at B = 1, docs/cuda.md); anything
+    // else plans for 3 blocks per multiprocessor, which every kernel serves (the default: unknown).
     void plan(const DecodeBatchHost& meta, std::int64_t n_heads, std::int64_t n_kv_heads, std::int64_t head_dim,
-              bool with_probs = false, cudaStream_t stream = nullptr) {
+              bool with_probs = false, cudaStream_t stream = nullptr, DType cache_type = DType::f32) {
         constexpr const char* fn = "cuda::DecodePlan::plan";
         using ::vlsparse::detail::require;
         require(n_kv_heads >= 1 && n_heads >= 1 && n_heads % n_kv_heads == 0, fn, "H = ", n_heads,
@@ -103,6 +107,9 @@ public:
         std::int64_t qmax = 1;
         for (std::int64_t b = 0; b < B; ++b) qmax = std::max(qmax, meta.q_len(b));
         qmax_ = qmax;
+        // The tensor-core kernel's 3-stage ring, 2 blocks per multiprocessor: one new token per sequence
+        // only (with q_len 4 at B = 8 it measured 12% slower than 2 stages at 3 blocks).
+        blocks_per_sm_ = cache_type == DType::bf16 && head_dim > 64 && head_dim <= 128 && qmax == 1 ? 2 : 3;
         nqb_ = 1;
         while (nqb_ < std::min<std::int64_t>(G * qmax, detail::kMaxQueryBlock)) nqb_ *= 2;
         total_q_ = meta.total_q(B);
@@ -176,6 +183,7 @@ public:
     std::int64_t n_units() const { return n_units_; }
     std::int64_t chunk_rows() const { return chunk_; }         // list entries per work item (at most)
     std::int64_t query_block() const { return nqb_; }          // query vectors per unit
+    int blocks_per_sm() const { return blocks_per_sm_; }       // 2: the tensor-core kernel's 3-stage ring
     std::int64_t n_entries() const { return n_entries_; }      // listed rows in all (0 when dense)
     bool dense() const { return dense_; }
     bool with_probs() const { return with_probs_; }
@@ -210,7 +218,7 @@ private:
     template <class CountItems>
     std::int64_t choose_chunk(CountItems&& count, std::int64_t longest) {
         const std::int64_t q = detail::kChunkQuantum;
-        const std::int64_t slots = static_cast<std::int64_t>(sm_count()) * kBlocksPerSm;
+        const std::int64_t slots = static_cast<std::int64_t>(sm_count()) * blocks_per_sm_;
         const std::int64_t top = std::max<std::int64_t>(q, (longest + q - 1) / q * q);
         std::int64_t best = top;
         double best_cost = std::numeric_limits<double>::infinity();
@@ -322,7 +330,7 @@ private:
         detail::check_cuda(cudaEventRecord(uploaded_, stream), fn, "cudaEventRecord");
     }
 
-    static constexpr int kBlocksPerSm = 3;  // resident decode blocks per multiprocessor (shared memory bound)
+    int blocks_per_sm_ = 3;  // resident decode blocks per multiprocessor the chunks are sized for
 
     std::int64_t H_ = 0, Hkv_ = 0, d_ = 0, B_ = 0, total_q_ = 0, qmax_ = 1, nqb_ = 1, n_units_ = 0, chunk_ = 0,
                  n_entries_ = 0;
@@ -352,10 +360,10 @@ void launch_decode(const DecodeArgs<TC>& args, int n_items, cudaStream_t stream,
     check_launch(fn, "decode_kernel");
 }
 
-template <int D, int NQB>
+template <int D, int NQB, int ST = MmaShape<D>::STAGES>
 void launch_decode_mma(const DecodeArgs<bfloat16>& args, int n_items, cudaStream_t stream, const char* fn) {
-    constexpr std::size_t shm = decode_mma_smem_bytes<D, NQB>();
-    auto* kernel = decode_mma_kernel<D, NQB>;
+    constexpr std::size_t shm = decode_mma_smem_bytes<D, NQB, ST>();
+    auto* kernel = decode_mma_kernel<D, NQB, ST>;
     const cudaError_t attr =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
     check_cuda(attr, fn, "cudaFuncSetAttribute");
@@ -363,13 +371,13 @@ void launch_decode_mma(const DecodeArgs<bfloat16>& args, int n_items, cudaStream
     check_launch(fn, "decode_mma_kernel");
 }
 
-template <int D>
+template <int D, int ST = MmaShape<D>::STAGES>
 void launch_decode_mma_nqb(const DecodeArgs<bfloat16>& args, int nqb, int n_items, cudaStream_t stream, const char* fn) {
     switch (nqb) {
-        case 1: launch_decode_mma<D, 1>(args, n_items, stream, fn); break;
-        case 2: launch_decode_mma<D, 2>(args, n_items, stream, fn); break;
-        case 4: launch_decode_mma<D, 4>(args, n_items, stream, fn); break;
-        default: launch_decode_mma<D, 8>(args, n_items, stream, fn); break;
+        case 1: launch_decode_mma<D, 1, ST>(args, n_items, stream, fn); break;
+        case 2: launch_decode_mma<D, 2, ST>(args, n_items, stream, fn); break;
+        case 4: launch_decode_mma<D, 4, ST>(args, n_items, stream, fn); break;
+        default: launch_decode_mma<D, 8, ST>(args, n_items, stream, fn); break;
     }
 }
 
@@ -499,6 +507,7 @@ void batched_decode_attention(const DecodePlan& plan, View3<const TQ> q, const K
     if (mma_ok && opt.kernel != DecodeKernel::cuda_cores) {
         if constexpr (std::is_same_v<TC, bfloat16>) {
             if (d <= 64) detail::launch_decode_mma_nqb<64>(a, nqb, n_items, stream, fn);
+            else if (plan.blocks_per_sm() == 2) detail::launch_decode_mma_nqb<128, 3>(a, nqb, n_items, stream, fn);
             else detail::launch_decode_mma_nqb<128>(a, nqb, n_items, stream, fn);
         }
     } else if (d <= 64) detail::launch_decode_nqb<TC, 64>(a, nqb, n_items, stream, fn);

@@ -134,7 +134,7 @@ void indexed_decode_attention(View2<const TQ> q, const KvBatchView<const TC>& ca
     const std::vector<std::int32_t> lens{len};
     DecodePlan plan;
     plan.plan({lens, {}, lists.host_indptr(), lists.lists_per_seq()}, q.shape[0], cache.n_kv_heads, cache.head_dim,
-              false, stream);
+              false, stream, dtype_of<TC>());
     DecodeOptions o;
     o.scale = opt.scale;
     o.check_finite = opt.check_finite;

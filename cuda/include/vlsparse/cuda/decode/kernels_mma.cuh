@@ -66,25 +66,30 @@ struct MmaShape {
     static constexpr int NSL = kDecodeThreads / LPR;    // row slots when copying
     static constexpr int RPT = R / NSL;                 // rows per thread per tile
     static constexpr int TILE = 2 * R * D * 2;          // K + V bytes of a tile
-    static constexpr int STAGES = TILE <= 16384 ? 4 : 2;  // 64 KiB: 3 blocks per multiprocessor
+    // Stages of the ring: d = 64, 4 of 16 KiB; d = 128, 2 of 32 KiB (3 blocks per multiprocessor, one
+    // tile in flight per block) or, for a plan sized for 2 blocks per multiprocessor, 3 of 32 KiB (two
+    // tiles in flight per block): DecodePlan::blocks_per_sm() decides.
+    static constexpr int STAGES = TILE <= 16384 ? 4 : 2;
     static constexpr int KS = D / 16;                   // k-steps of Q K^T
     static_assert(D == 64 || D == 128, "the tensor-core decode kernel takes head dims padded to 64 or 128");
     // Element offset of chunk c of row r in a tile (chunks XOR-swizzled by row).
     __device__ static constexpr int swz(int r, int c) { return (r * CPR + (c ^ (r & 7))) * 8; }
 };
 
-template <int D, int NQB>
+template <int D, int NQB, int ST = MmaShape<D>::STAGES>
 constexpr std::size_t decode_mma_smem_bytes() {
     using S = MmaShape<D>;
-    return static_cast<std::size_t>(S::STAGES) * S::TILE + static_cast<std::size_t>(S::STAGES) * S::R * 4 +
+    return static_cast<std::size_t>(ST) * S::TILE + static_cast<std::size_t>(ST) * S::R * 4 +
            static_cast<std::size_t>(S::KS) * 32 * 16 + (4 * 8 * 2 + 2 * NQB + 16) * sizeof(float);
 }
 
-template <int D, int NQB>
-__global__ void __launch_bounds__(kDecodeThreads, 3) decode_mma_kernel(const __grid_constant__ DecodeArgs<bfloat16> a) {
+// ST: stages of the ring (MmaShape<D>::STAGES, or 3 at d = 128 for 2 blocks per multiprocessor).
+template <int D, int NQB, int ST_ = MmaShape<D>::STAGES>
+__global__ void __launch_bounds__(kDecodeThreads, (D == 128 && ST_ == 3) ? 2 : 3)
+    decode_mma_kernel(const __grid_constant__ DecodeArgs<bfloat16> a) {
     using S = MmaShape<D>;
     using TC = bfloat16;
-    constexpr int R = S::R, LPR = S::LPR, CPL = S::CPL, NSL = S::NSL, RPT = S::RPT, ST = S::STAGES, KS = S::KS;
+    constexpr int R = S::R, LPR = S::LPR, CPL = S::CPL, NSL = S::NSL, RPT = S::RPT, ST = ST_, KS = S::KS;
     constexpr float ninf = -INFINITY;
     extern __shared__ __align__(16) unsigned char smem[];
     TC* kt = reinterpret_cast<TC*>(smem);                                   // [ST][R][D], swizzled
