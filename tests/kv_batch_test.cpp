@@ -17,16 +17,14 @@
 #include <vlsparse/kv/kv_batch.hpp>
 #include <vlsparse/reference/kv_batch.hpp>
 #include "error_of.hpp"
+#include "seed.hpp"
 
 using namespace vlsparse;
 using Catch::Matchers::Contains;
 
 namespace {
 
-std::uint64_t base_seed() {
-    const char* s = std::getenv("VLSPARSE_TEST_SEED");
-    return s ? std::strtoull(s, nullptr, 0) : 20261124u;
-}
+std::uint64_t base_seed() { return vt::seed_or(20261124u); }
 
 using vt::error_of;
 

@@ -9,14 +9,13 @@
 
 #include <vlsparse/vlsparse.hpp>
 
+#include "seed.hpp"
+
 namespace vt {
 
 // Seed for random inputs: VLSPARSE_TEST_SEED overrides the default. Each test prints the seed it used
 // (Catch2 INFO), so a failure can be replayed.
-inline std::uint64_t base_seed() {
-    if (const char* s = std::getenv("VLSPARSE_TEST_SEED")) return std::strtoull(s, nullptr, 0);
-    return 20261121ull;
-}
+inline std::uint64_t base_seed() { return seed_or(20261121ull); }
 
 // True when VLSPARSE_TEST_SMALL is set (sanitizer builds): the largest shapes of a sweep are skipped.
 inline bool small_run() { return std::getenv("VLSPARSE_TEST_SMALL") != nullptr; }

@@ -24,6 +24,8 @@
 #include <vlsparse/reference/avl.hpp>
 #include <vlsparse/reference/avl_golden.hpp>
 
+#include "../seed.hpp"
+
 using namespace vlsparse;
 using Catch::Matchers::Contains;
 
@@ -196,7 +198,9 @@ TEST_CASE("cuda avl: the decode schedule (rows per step, refresh re-rank) agains
     cuda::AvlDecodeSchedule sch;
     const Layout layout = Layout::parse("text:9,image:64,text:5,image:100,text:7");
     const std::int64_t n = layout.n(), H = 8, Hkv = 2, d = 64;
-    SplitMix64 rng(20261125u + 77);
+    const std::uint64_t seed = vt::seed_or(20261125u) + 77;
+    INFO("seed " << seed);
+    SplitMix64 rng(seed);
     const auto q = random_values<bfloat16>(static_cast<std::size_t>(n * H * d), 2.0, rng);
     const auto k = random_values<bfloat16>(static_cast<std::size_t>(n * Hkv * d), 1.0, rng);
     cuda::DeviceArray<bfloat16> qd(q), kd(k);

@@ -19,6 +19,8 @@
 #include <vector>
 
 #include <vlsparse/core/rng.hpp>
+
+#include "../seed.hpp"
 #include <vlsparse/cuda/decode.cuh>
 #include <vlsparse/kv/kv_batch.hpp>
 #include <vlsparse/reference/batched_decode.hpp>
@@ -28,10 +30,7 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-std::uint64_t base_seed() {
-    const char* s = std::getenv("VLSPARSE_TEST_SEED");
-    return s ? std::strtoull(s, nullptr, 10) : 20261123u;
-}
+std::uint64_t base_seed() { return vt::seed_or(20261123u); }
 
 // One decode step's inputs on the host, and the same on the device.
 struct Case {

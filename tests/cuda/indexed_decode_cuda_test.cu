@@ -17,6 +17,8 @@
 
 #include <vlsparse/attention/cache_rows.hpp>
 #include <vlsparse/core/rng.hpp>
+
+#include "../seed.hpp"
 #include <vlsparse/cuda/indexed_decode.cuh>
 #include <vlsparse/kv/kv_cache.hpp>
 #include <vlsparse/reference/attention.hpp>
@@ -27,10 +29,7 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-std::uint64_t base_seed() {
-    const char* s = std::getenv("VLSPARSE_TEST_SEED");
-    return s ? std::strtoull(s, nullptr, 10) : 20261122u;
-}
+std::uint64_t base_seed() { return vt::seed_or(20261122u); }
 
 std::vector<float> uniform(std::size_t n, std::uint64_t seed) {
     SplitMix64 rng(seed);

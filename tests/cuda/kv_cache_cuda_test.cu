@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 #include <vlsparse/core/rng.hpp>
+
+#include "../seed.hpp"
 #include <vlsparse/cuda/kv_cache.cuh>
 #include <vlsparse/kv/kv_batch.hpp>
 #include <vlsparse/reference/kv_batch.hpp>
@@ -33,10 +35,7 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-std::uint64_t base_seed() {
-    const char* s = std::getenv("VLSPARSE_TEST_SEED");
-    return s ? std::strtoull(s, nullptr, 10) : 20261124u;
-}
+std::uint64_t base_seed() { return vt::seed_or(20261124u); }
 
 using vt::error_of;
 

@@ -39,15 +39,14 @@
 #include <vlsparse/reference/purekv_golden.hpp>
 #include <vlsparse/reference/zipvl_golden.hpp>
 
+#include "../seed.hpp"
+
 using namespace vlsparse;
 using Catch::Matchers::Contains;
 
 namespace {
 
-std::uint64_t base_seed() {
-    const char* s = std::getenv("VLSPARSE_TEST_SEED");
-    return s ? std::strtoull(s, nullptr, 10) : 20261123u;
-}
+std::uint64_t base_seed() { return vt::seed_or(20261123u); }
 
 template <class T>
 constexpr double unit_roundoff() {

@@ -30,15 +30,14 @@
 #include <vlsparse/reference/zipvl.hpp>
 #include <vlsparse/reference/zipvl_golden.hpp>
 
+#include "../seed.hpp"
+
 using namespace vlsparse;
 using Catch::Matchers::Contains;
 
 namespace {
 
-std::uint64_t base_seed() {
-    const char* s = std::getenv("VLSPARSE_TEST_SEED");
-    return s ? std::strtoull(s, nullptr, 10) : 20261123u;
-}
+std::uint64_t base_seed() { return vt::seed_or(20261123u); }
 
 struct Tally {
     int exact = 0, near_tie = 0;
