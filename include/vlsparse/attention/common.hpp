@@ -9,9 +9,12 @@
 
 #include <cmath>
 #include <cstdint>
+#include <span>
+#include <string_view>
 #include <type_traits>
 
 #include "vlsparse/core/dtype.hpp"
+#include "vlsparse/core/enum_names.hpp"
 #include "vlsparse/core/error.hpp"
 #include "vlsparse/core/tensor.hpp"
 #include "vlsparse/detail/check.hpp"
@@ -30,6 +33,10 @@ enum class UnselectedRows : std::uint8_t {
     zero,             // zero rows (the paper's "padded" outputs; the residual stream carries the token)
     attend_selected,  // the row attends to the kept keys at or before its position
 };
+inline constexpr EnumName<UnselectedRows> kUnselectedRowsNames[] = {{UnselectedRows::zero, "zero"},
+                                                                  {UnselectedRows::attend_selected, "attend_selected"}};
+constexpr std::span<const EnumName<UnselectedRows>> enum_names(UnselectedRows) { return kUnselectedRowsNames; }
+constexpr std::string_view to_string(UnselectedRows u) { return enum_name(u); }
 
 // Output element types: the input types plus double (the reference's native precision).
 template <class T>

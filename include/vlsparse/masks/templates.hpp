@@ -32,10 +32,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "vlsparse/core/enum_names.hpp"
 #include "vlsparse/core/error.hpp"
 #include "vlsparse/core/layout.hpp"
 
@@ -48,19 +50,15 @@ inline constexpr MaskTemplate kAllTemplates[] = {MaskTemplate::dense, MaskTempla
                                                  MaskTemplate::document_sink};
 
 // The paper's names: "Dense", "Sink", "Document", "Document-Sink".
-constexpr std::string_view to_string(MaskTemplate t) {
-    switch (t) {
-        case MaskTemplate::dense: return "Dense";
-        case MaskTemplate::sink: return "Sink";
-        case MaskTemplate::document: return "Document";
-        case MaskTemplate::document_sink: return "Document-Sink";
-    }
-    return "?";
-}
+inline constexpr EnumName<MaskTemplate> kMaskTemplateNames[] = {{MaskTemplate::dense, "Dense"},
+                                                                {MaskTemplate::sink, "Sink"},
+                                                                {MaskTemplate::document, "Document"},
+                                                                {MaskTemplate::document_sink, "Document-Sink"}};
+constexpr std::span<const EnumName<MaskTemplate>> enum_names(MaskTemplate) { return kMaskTemplateNames; }
+constexpr std::string_view to_string(MaskTemplate t) { return enum_name(t); }
 
 inline MaskTemplate mask_template_from_string(std::string_view s, const char* fn = "mask_template_from_string") {
-    for (MaskTemplate t : kAllTemplates)
-        if (s == to_string(t)) return t;
+    if (const auto t = enum_from_name<MaskTemplate>(s)) return *t;
     throw error(fn, detail::concat("unknown mask template '", s, "', expected Dense, Sink, Document or Document-Sink"));
 }
 
@@ -75,22 +73,17 @@ enum class VideoMask : std::uint8_t { none = 0, spatial = 1, temporal = 2, spati
 inline constexpr VideoMask kVideoMasks[] = {VideoMask::spatial, VideoMask::temporal, VideoMask::spatial_temporal,
                                             VideoMask::local_window, VideoMask::atrous};
 
-constexpr std::string_view to_string(VideoMask m) {
-    switch (m) {
-        case VideoMask::none: return "none";
-        case VideoMask::spatial: return "spatial";
-        case VideoMask::temporal: return "temporal";
-        case VideoMask::spatial_temporal: return "spatial_temporal";
-        case VideoMask::local_window: return "local_window";
-        case VideoMask::atrous: return "atrous";
-    }
-    return "?";
-}
+inline constexpr EnumName<VideoMask> kVideoMaskNames[] = {{VideoMask::none, "none"},
+                                                          {VideoMask::spatial, "spatial"},
+                                                          {VideoMask::temporal, "temporal"},
+                                                          {VideoMask::spatial_temporal, "spatial_temporal"},
+                                                          {VideoMask::local_window, "local_window"},
+                                                          {VideoMask::atrous, "atrous"}};
+constexpr std::span<const EnumName<VideoMask>> enum_names(VideoMask) { return kVideoMaskNames; }
+constexpr std::string_view to_string(VideoMask m) { return enum_name(m); }
 
 inline VideoMask video_mask_from_string(std::string_view s, const char* fn = "video_mask_from_string") {
-    if (s == to_string(VideoMask::none)) return VideoMask::none;
-    for (VideoMask m : kVideoMasks)
-        if (s == to_string(m)) return m;
+    if (const auto m = enum_from_name<VideoMask>(s)) return *m;
     throw error(fn, detail::concat("unknown video mask '", s,
                                    "', expected none, spatial, temporal, spatial_temporal, local_window or atrous"));
 }

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "vlsparse/attention/common.hpp"
+#include "vlsparse/core/enum_names.hpp"
 #include "vlsparse/core/error.hpp"
 #include "vlsparse/core/layout.hpp"
 #include "vlsparse/core/selection.hpp"
@@ -43,10 +44,14 @@ enum class AvlTextGroups : std::uint8_t {
     per_query_head,  // the released code: one text set per query head; a KV head keeps the union of its heads' sets
 };
 
-constexpr std::string_view to_string(AvlSpans s) { return s == AvlSpans::per_image ? "per_image" : "single_span"; }
-constexpr std::string_view to_string(AvlTextGroups g) {
-    return g == AvlTextGroups::per_kv_head ? "per_kv_head" : "per_query_head";
-}
+inline constexpr EnumName<AvlSpans> kAvlSpansNames[] = {{AvlSpans::per_image, "per_image"},
+                                                        {AvlSpans::single_span, "single_span"}};
+inline constexpr EnumName<AvlTextGroups> kAvlTextGroupsNames[] = {{AvlTextGroups::per_kv_head, "per_kv_head"},
+                                                                  {AvlTextGroups::per_query_head, "per_query_head"}};
+constexpr std::span<const EnumName<AvlSpans>> enum_names(AvlSpans) { return kAvlSpansNames; }
+constexpr std::span<const EnumName<AvlTextGroups>> enum_names(AvlTextGroups) { return kAvlTextGroupsNames; }
+constexpr std::string_view to_string(AvlSpans s) { return enum_name(s); }
+constexpr std::string_view to_string(AvlTextGroups g) { return enum_name(g); }
 
 struct AvlParams {
     double rate = 0.5;               // fraction of each image span evicted after prefill, 0 <= rate < 1

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "vlsparse/attention/common.hpp"
+#include "vlsparse/core/enum_names.hpp"
 #include "vlsparse/core/error.hpp"
 #include "vlsparse/core/layout.hpp"
 #include "vlsparse/core/rng.hpp"
@@ -38,7 +39,9 @@ namespace vlsparse {
 // Budgets: a count of tokens, or a fraction of a length (floor(fraction * len), computed in double as
 // written, like A-VL's budgets). A budget at or above the length keeps everything.
 enum class BudgetKind : std::uint8_t { count, fraction };
-constexpr std::string_view to_string(BudgetKind k) { return k == BudgetKind::count ? "count" : "fraction"; }
+inline constexpr EnumName<BudgetKind> kBudgetKindNames[] = {{BudgetKind::count, "count"}, {BudgetKind::fraction, "fraction"}};
+constexpr std::span<const EnumName<BudgetKind>> enum_names(BudgetKind) { return kBudgetKindNames; }
+constexpr std::string_view to_string(BudgetKind k) { return enum_name(k); }
 
 struct TokenBudget {
     BudgetKind kind = BudgetKind::count;
@@ -68,14 +71,19 @@ enum class BaselineGroups : std::uint8_t {
     kv_head,  // one set per KV head, scores summed over its query heads (GQA-correct; default)
     layer,    // one set per layer, scores summed over every query head
 };
-constexpr std::string_view to_string(BaselineGroups g) { return g == BaselineGroups::kv_head ? "kv_head" : "layer"; }
+inline constexpr EnumName<BaselineGroups> kBaselineGroupsNames[] = {{BaselineGroups::kv_head, "kv_head"},
+                                                                    {BaselineGroups::layer, "layer"}};
+constexpr std::span<const EnumName<BaselineGroups>> enum_names(BaselineGroups) { return kBaselineGroupsNames; }
+constexpr std::string_view to_string(BaselineGroups g) { return enum_name(g); }
 
 // Which tokens random / fixed-ratio selection may drop.
 enum class BaselineScope : std::uint8_t {
     visual,  // image and video tokens only; text always stays (default)
     all,     // every token
 };
-constexpr std::string_view to_string(BaselineScope s) { return s == BaselineScope::visual ? "visual" : "all"; }
+inline constexpr EnumName<BaselineScope> kBaselineScopeNames[] = {{BaselineScope::visual, "visual"}, {BaselineScope::all, "all"}};
+constexpr std::span<const EnumName<BaselineScope>> enum_names(BaselineScope) { return kBaselineScopeNames; }
+constexpr std::string_view to_string(BaselineScope s) { return enum_name(s); }
 
 // ---------------------------------------------------------------------------------------------------
 // H2O (heavy hitters + recent window).
@@ -100,9 +108,10 @@ enum class SnapKVPooling : std::uint8_t {
     max,   // 1-D max pooling (F.max_pool1d)
     none,  // no pooling (kernel ignored)
 };
-constexpr std::string_view to_string(SnapKVPooling p) {
-    return p == SnapKVPooling::avg ? "avg" : p == SnapKVPooling::max ? "max" : "none";
-}
+inline constexpr EnumName<SnapKVPooling> kSnapKVPoolingNames[] = {
+    {SnapKVPooling::avg, "avg"}, {SnapKVPooling::max, "max"}, {SnapKVPooling::none, "none"}};
+constexpr std::span<const EnumName<SnapKVPooling>> enum_names(SnapKVPooling) { return kSnapKVPoolingNames; }
+constexpr std::string_view to_string(SnapKVPooling p) { return enum_name(p); }
 
 struct SnapKVParams {
     std::int64_t window = 32;  // observation window: the last `window` queries, always kept; 1 <= window <= n
@@ -139,7 +148,9 @@ enum class FastVSpans : std::uint8_t {
     joint,      // one ranking over every visual token (the released code's single image range)
     per_image,  // each image / video segment keeps floor((1 - rate) * len) of its own tokens
 };
-constexpr std::string_view to_string(FastVSpans s) { return s == FastVSpans::joint ? "joint" : "per_image"; }
+inline constexpr EnumName<FastVSpans> kFastVSpansNames[] = {{FastVSpans::joint, "joint"}, {FastVSpans::per_image, "per_image"}};
+constexpr std::span<const EnumName<FastVSpans>> enum_names(FastVSpans) { return kFastVSpansNames; }
+constexpr std::string_view to_string(FastVSpans s) { return enum_name(s); }
 
 struct FastVParams {
     std::int64_t k_layer = 2;  // K: layers 0..K-1 see every token; layer K-1's attention ranks; 1 <= K < layers
@@ -176,9 +187,10 @@ enum class FixedRatioMode : std::uint8_t {
     first,           // the first k scope tokens
     last,            // the last k scope tokens
 };
-constexpr std::string_view to_string(FixedRatioMode m) {
-    return m == FixedRatioMode::uniform_stride ? "uniform_stride" : m == FixedRatioMode::first ? "first" : "last";
-}
+inline constexpr EnumName<FixedRatioMode> kFixedRatioModeNames[] = {
+    {FixedRatioMode::uniform_stride, "uniform_stride"}, {FixedRatioMode::first, "first"}, {FixedRatioMode::last, "last"}};
+constexpr std::span<const EnumName<FixedRatioMode>> enum_names(FixedRatioMode) { return kFixedRatioModeNames; }
+constexpr std::string_view to_string(FixedRatioMode m) { return enum_name(m); }
 
 struct FixedRatioParams {
     TokenBudget keep = TokenBudget::ratio(0.5);

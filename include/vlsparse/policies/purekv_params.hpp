@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "vlsparse/attention/common.hpp"
+#include "vlsparse/core/enum_names.hpp"
 #include "vlsparse/core/error.hpp"
 #include "vlsparse/core/layout.hpp"
 #include "vlsparse/core/model_shape.hpp"
@@ -62,11 +63,17 @@ enum class PureKVLowerLayers : std::uint8_t {
     dense,       // everything (no scores computed, nothing evicted)
 };
 
-constexpr std::string_view to_string(PureKVGrouping g) { return g == PureKVGrouping::kv_head ? "kv_head" : "layer"; }
-constexpr std::string_view to_string(PureKVBudget b) { return b == PureKVBudget::count ? "count" : "fraction"; }
-constexpr std::string_view to_string(PureKVLowerLayers m) {
-    return m == PureKVLowerLayers::own_scores ? "own_scores" : "dense";
-}
+inline constexpr EnumName<PureKVGrouping> kPureKVGroupingNames[] = {{PureKVGrouping::kv_head, "kv_head"},
+                                                                    {PureKVGrouping::layer, "layer"}};
+inline constexpr EnumName<PureKVBudget> kPureKVBudgetNames[] = {{PureKVBudget::count, "count"}, {PureKVBudget::fraction, "fraction"}};
+inline constexpr EnumName<PureKVLowerLayers> kPureKVLowerLayersNames[] = {{PureKVLowerLayers::own_scores, "own_scores"},
+                                                                          {PureKVLowerLayers::dense, "dense"}};
+constexpr std::span<const EnumName<PureKVGrouping>> enum_names(PureKVGrouping) { return kPureKVGroupingNames; }
+constexpr std::span<const EnumName<PureKVBudget>> enum_names(PureKVBudget) { return kPureKVBudgetNames; }
+constexpr std::span<const EnumName<PureKVLowerLayers>> enum_names(PureKVLowerLayers) { return kPureKVLowerLayersNames; }
+constexpr std::string_view to_string(PureKVGrouping g) { return enum_name(g); }
+constexpr std::string_view to_string(PureKVBudget b) { return enum_name(b); }
+constexpr std::string_view to_string(PureKVLowerLayers m) { return enum_name(m); }
 
 struct PureKVParams {
     std::int64_t l0 = 2;      // the layer whose window attention scores every higher layer reuses

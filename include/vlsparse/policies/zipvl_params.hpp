@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "vlsparse/attention/common.hpp"
+#include "vlsparse/core/enum_names.hpp"
 #include "vlsparse/core/error.hpp"
 #include "vlsparse/core/layout.hpp"
 #include "vlsparse/core/rng.hpp"
@@ -66,18 +67,31 @@ enum class ZipVLRanking : std::uint8_t {
     accumulated,  // topk(a, p)
 };
 
-constexpr std::string_view to_string(ZipVLPrefill m) { return m == ZipVLPrefill::sparse ? "sparse" : "dense"; }
-constexpr std::string_view to_string(ZipVLRatio m) { return m == ZipVLRatio::adaptive ? "adaptive" : "fixed"; }
-constexpr std::string_view to_string(ZipVLRanking m) {
-    return m == ZipVLRanking::normalized ? "normalized" : "accumulated";
-}
+// The names of every enum above (JSON, scenarios, messages): one table each.
+inline constexpr EnumName<ZipVLPrefill> kZipVLPrefillNames[] = {{ZipVLPrefill::sparse, "sparse"},
+                                                                {ZipVLPrefill::dense, "dense"}};
+inline constexpr EnumName<ZipVLRatio> kZipVLRatioNames[] = {{ZipVLRatio::adaptive, "adaptive"}, {ZipVLRatio::fixed, "fixed"}};
+inline constexpr EnumName<ZipVLRanking> kZipVLRankingNames[] = {{ZipVLRanking::normalized, "normalized"},
+                                                                {ZipVLRanking::accumulated, "accumulated"}};
+inline constexpr EnumName<ZipVLGrouping> kZipVLGroupingNames[] = {{ZipVLGrouping::layer, "layer"},
+                                                                  {ZipVLGrouping::kv_head, "kv_head"}};
+inline constexpr EnumName<ZipVLNnz> kZipVLNnzNames[] = {{ZipVLNnz::causal_column, "causal_column"},
+                                                        {ZipVLNnz::probe_rows, "probe_rows"}};
+inline constexpr EnumName<ZipVLProbes> kZipVLProbesNames[] = {{ZipVLProbes::counts, "counts"}, {ZipVLProbes::ratios, "ratios"}};
 
-constexpr std::string_view to_string(ZipVLGrouping g) { return g == ZipVLGrouping::layer ? "layer" : "kv_head"; }
-constexpr std::string_view to_string(ZipVLNnz m) { return m == ZipVLNnz::causal_column ? "causal_column" : "probe_rows"; }
-constexpr std::string_view to_string(ZipVLProbes m) { return m == ZipVLProbes::counts ? "counts" : "ratios"; }
-constexpr std::string_view to_string(UnselectedRows u) {
-    return u == UnselectedRows::zero ? "zero" : "attend_selected";
-}
+constexpr std::span<const EnumName<ZipVLPrefill>> enum_names(ZipVLPrefill) { return kZipVLPrefillNames; }
+constexpr std::span<const EnumName<ZipVLRatio>> enum_names(ZipVLRatio) { return kZipVLRatioNames; }
+constexpr std::span<const EnumName<ZipVLRanking>> enum_names(ZipVLRanking) { return kZipVLRankingNames; }
+constexpr std::span<const EnumName<ZipVLGrouping>> enum_names(ZipVLGrouping) { return kZipVLGroupingNames; }
+constexpr std::span<const EnumName<ZipVLNnz>> enum_names(ZipVLNnz) { return kZipVLNnzNames; }
+constexpr std::span<const EnumName<ZipVLProbes>> enum_names(ZipVLProbes) { return kZipVLProbesNames; }
+
+constexpr std::string_view to_string(ZipVLPrefill m) { return enum_name(m); }
+constexpr std::string_view to_string(ZipVLRatio m) { return enum_name(m); }
+constexpr std::string_view to_string(ZipVLRanking m) { return enum_name(m); }
+constexpr std::string_view to_string(ZipVLGrouping g) { return enum_name(g); }
+constexpr std::string_view to_string(ZipVLNnz m) { return enum_name(m); }
+constexpr std::string_view to_string(ZipVLProbes m) { return enum_name(m); }
 
 struct ZipVLParams {
     double tau = 0.975;  // attention mass to retain, 0 < tau <= 1
