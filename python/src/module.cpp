@@ -17,9 +17,7 @@
 
 #include "vlsparse/attention/batched_decode.hpp"
 #include "vlsparse/attention/decode.hpp"
-#include "vlsparse/io/blindsight_json.hpp"
 #include "vlsparse/io/params_json.hpp"
-#include "vlsparse/io/purekv_json.hpp"
 #include "vlsparse/kv/kv_cache.hpp"
 #include "vlsparse/masks/block_mask.hpp"
 #include "vlsparse/masks/flops.hpp"
@@ -31,9 +29,7 @@
 #include "vlsparse/policies/zipvl.hpp"
 #include "vlsparse/reference/avl.hpp"
 #include "vlsparse/reference/batched_decode.hpp"
-#include "vlsparse/reference/avl_golden.hpp"
 #include "vlsparse/reference/baselines.hpp"
-#include "vlsparse/reference/baselines_golden.hpp"
 #include "vlsparse/reference/blindsight.hpp"
 #include "vlsparse/reference/purekv.hpp"
 #include "vlsparse/reference/zipvl.hpp"
@@ -122,22 +118,15 @@ View2<float> out2(py::array_t<float>& a) { return View2<float>(a.mutable_data(),
 
 AttentionOptions attention_options(float scale, bool check_finite) { return AttentionOptions{scale, check_finite}; }
 
-// Enum values by their JSON names (the Params' enums).
-UnselectedRows unselected_arg(const std::string& s, const char* fn) {
-    if (s == "zero") return UnselectedRows::zero;
-    if (s == "attend_selected") return UnselectedRows::attend_selected;
-    throw error(fn, "unselected = '" + s + "', expected 'zero' or 'attend_selected'");
+// Enum values by their names (the tables next to the enums, as the Params' JSON spells them).
+template <class E>
+E enum_arg(const std::string& s, const char* fn, const char* arg) {
+    if (const auto e = enum_from_name<E>(s)) return *e;
+    throw error(fn, std::string(arg) + " = '" + s + "', expected one of " + enum_name_list<E>());
 }
-BaselineGroups groups_arg(const std::string& s, const char* fn) {
-    if (s == "kv_head") return BaselineGroups::kv_head;
-    if (s == "layer") return BaselineGroups::layer;
-    throw error(fn, "groups = '" + s + "', expected 'kv_head' or 'layer'");
-}
-AvlTextGroups text_groups_arg(const std::string& s, const char* fn) {
-    if (s == "per_kv_head") return AvlTextGroups::per_kv_head;
-    if (s == "per_query_head") return AvlTextGroups::per_query_head;
-    throw error(fn, "groups = '" + s + "', expected 'per_kv_head' or 'per_query_head'");
-}
+UnselectedRows unselected_arg(const std::string& s, const char* fn) { return enum_arg<UnselectedRows>(s, fn, "unselected"); }
+BaselineGroups groups_arg(const std::string& s, const char* fn) { return enum_arg<BaselineGroups>(s, fn, "groups"); }
+AvlTextGroups text_groups_arg(const std::string& s, const char* fn) { return enum_arg<AvlTextGroups>(s, fn, "groups"); }
 
 ZipVLParams zipvl_params(const py::object& p) { return zipvl_params_from_json(to_json(p), "params."); }
 PureKVParams purekv_params(const py::object& p) { return purekv_params_from_json(to_json(p), "params."); }
@@ -562,10 +551,7 @@ void bind_backend(py::module_& m) {
     m.def("snapkv_pool", [](py::array_t<double, py::array::c_style | py::array::forcecast> scores, std::int64_t kernel,
                             const std::string& pooling) {
         constexpr const char* fn = "snapkv_pool";
-        SnapKVPooling pl = SnapKVPooling::none;
-        if (pooling == "avg") pl = SnapKVPooling::avg;
-        else if (pooling == "max") pl = SnapKVPooling::max;
-        else detail::require(pooling == "none", fn, "pooling = '", pooling, "', expected 'avg', 'max' or 'none'");
+        const SnapKVPooling pl = enum_arg<SnapKVPooling>(pooling, fn, "pooling");
         detail::require(scores.ndim() == 2, fn, "scores has ", scores.ndim(), " dimensions, expected 2: [G, n - window]");
         std::vector<std::vector<double>> r;
         for (py::ssize_t g = 0; g < scores.shape(0); ++g)
@@ -700,7 +686,7 @@ void init_module(py::module_& m) {
 
     // ---- Params: the defaults of every algorithm as dicts
     m.def("default_params", [](const std::string& algorithm) -> py::object {
-        if (algorithm == "zipvl") return from_json(::vlsparse::to_json(ZipVLParams{}, true));
+        if (algorithm == "zipvl") return from_json(::vlsparse::to_json(ZipVLParams{}));
         if (algorithm == "avl") return from_json(::vlsparse::to_json(AvlParams{}));
         if (algorithm == "purekv") return from_json(::vlsparse::to_json(PureKVParams{}));
         if (algorithm == "blindsight") return from_json(::vlsparse::to_json(BlindSightParams{}));

@@ -101,6 +101,10 @@ def main(argv):
     out_dir.mkdir(parents=True, exist_ok=True)
     m = json.loads((case / "manifest.json").read_text())
     P = m["params"]
+    # Every manifest carries the ablation modes (docs/zipvl.md); this port is the paper's method.
+    for key, paper in (("prefill", "sparse"), ("ratio", "adaptive"), ("ranking", "normalized")):
+        if P.get(key, paper) != paper:
+            raise SystemExit(f"{case}: params.{key} = {P[key]!r}, this port implements only {paper!r}")
     inputs = {t["name"]: t for t in m["inputs"]}
     (q_raw, q), (k_raw, k), (v_raw, v) = (load(case, inputs[x]) for x in ("q", "k", "v"))
     _, dq = load(case, inputs["decode_q"])

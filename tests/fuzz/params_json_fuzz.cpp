@@ -1,8 +1,7 @@
 // Fuzz target: every policy-params JSON reader. The first byte picks the reader, the rest is JSON:
-//   the library's   zipvl_params_from_json, purekv_params_from_json, blindsight_params_from_json
-//                   (io/params_json.hpp, io/purekv_json.hpp, io/blindsight_json.hpp);
-//   the golden ones avl_params_from_json and the six baselines' *_params_from_json
-//                   (reference/avl_golden.hpp, reference/baselines_golden.hpp);
+//   the library's   zipvl_, avl_, purekv_, blindsight_params_from_json and the six baselines'
+//                   *_params_from_json (io/params_json.hpp: io/zipvl_json.hpp, io/avl_json.hpp,
+//                   io/purekv_json.hpp, io/blindsight_json.hpp, io/baselines_json.hpp);
 //   the simulator's registry: each policy's factory (sim/policies.hpp, what a scenario's
 //                   "policies[i].params" goes through), then begin() on a small prompt.
 // Beyond "no crash": only vlsparse::error escapes; accepted params written with to_json() read back
@@ -15,11 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fuzz_util.hpp"
-#include "vlsparse/io/blindsight_json.hpp"
 #include "vlsparse/io/params_json.hpp"
-#include "vlsparse/io/purekv_json.hpp"
-#include "vlsparse/reference/avl_golden.hpp"
-#include "vlsparse/reference/baselines_golden.hpp"
 #include "vlsparse/sim/policies.hpp"
 
 using nlohmann::json;

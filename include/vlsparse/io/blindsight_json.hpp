@@ -3,58 +3,52 @@
 // A head map file: {"format": "vlsparse.blindsight.head_map", "version": 1,
 //   "model": {"layers", "heads", "kv_heads", "head_dim"}, "prompts": N, "params": {...},
 //   "map": [["Sink", "Dense", ...], ...]}   (one array of template names per layer).
-// Reading is strict: unknown keys, wrong types, unknown template names, a map whose size does not
-// match the model shape, or (load with an expected shape) a map for another model throw vlsparse::error.
+// BlindSightParams as JSON: one key per field, the mask options flat: {"alpha": 0.1, "gamma_c": 0.25,
+//   "gamma_s": 0.6, "gamma_d": 0.6, "sink_fraction": 0.1, "sink_offsets": [], "bidirectional_images":
+//   false, "scale": 0.0, "check_finite": true}; to_json writes every key.
+// Reading is strict (io/json.hpp): unknown keys, wrong types, unknown template names, a map whose size
+// does not match the model shape, or (load with an expected shape) a map for another model throw
+// vlsparse::error.
 // Needs nlohmann/json. Include: <vlsparse/io/blindsight_json.hpp>
 #pragma once
 
+#include <concepts>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
 #include "vlsparse/core/model_shape.hpp"
-#include "vlsparse/io/params_json.hpp"
+#include "vlsparse/io/json.hpp"
 #include "vlsparse/policies/blindsight_params.hpp"
 
 namespace vlsparse {
 
-inline nlohmann::json to_json(const BlindSightParams& P) {
-    return nlohmann::json{{"alpha", P.alpha},
-                          {"gamma_c", P.gamma_c},
-                          {"gamma_s", P.gamma_s},
-                          {"gamma_d", P.gamma_d},
-                          {"sink_fraction", P.mask.sink_fraction},
-                          {"sink_offsets", P.mask.sink_offsets},
-                          {"bidirectional_images", P.mask.bidirectional_images},
-                          {"scale", P.scale},
-                          {"check_finite", P.check_finite}};
+// The fields of BlindSightParams, one JSON key each (io/json.hpp); the mask options are flat keys.
+template <class Self, class F>
+    requires std::same_as<std::remove_const_t<Self>, BlindSightParams>
+void json_fields(Self& P, F&& f) {
+    f("alpha", P.alpha);
+    f("gamma_c", P.gamma_c);
+    f("gamma_s", P.gamma_s);
+    f("gamma_d", P.gamma_d);
+    f("sink_fraction", P.mask.sink_fraction);
+    f("sink_offsets", P.mask.sink_offsets);
+    f("bidirectional_images", P.mask.bidirectional_images);
+    f("scale", P.scale);
+    f("check_finite", P.check_finite);
 }
 
+inline nlohmann::json to_json(const BlindSightParams& P) { return fields_to_json(P); }
+
+// `where`: the JSON path prefix of the object's keys in messages ("params.", "policies[0].params.").
 inline BlindSightParams blindsight_params_from_json(const nlohmann::json& j, const std::string& where = "") {
-    detail::check_keys(j, {"alpha", "gamma_c", "gamma_s", "gamma_d", "sink_fraction", "sink_offsets",
-                           "bidirectional_images", "scale", "check_finite"},
-                       where);
-    BlindSightParams P;
-    detail::read_number(j, "alpha", P.alpha, where);
-    detail::read_number(j, "gamma_c", P.gamma_c, where);
-    detail::read_number(j, "gamma_s", P.gamma_s, where);
-    detail::read_number(j, "gamma_d", P.gamma_d, where);
-    detail::read_number(j, "sink_fraction", P.mask.sink_fraction, where);
-    detail::read_number(j, "bidirectional_images", P.mask.bidirectional_images, where);
-    detail::read_number(j, "scale", P.scale, where);
-    detail::read_number(j, "check_finite", P.check_finite, where);
-    if (j.contains("sink_offsets")) {
-        const auto& a = j.at("sink_offsets");
-        detail::require(a.is_array(), "params_from_json", where, "sink_offsets: expected an array of integers");
-        for (const auto& x : a) {
-            detail::require(x.is_number_integer(), "params_from_json", where, "sink_offsets: expected integers");
-            P.mask.sink_offsets.push_back(x.get<std::int64_t>());
-        }
-    }
-    check_blindsight_params(P, "blindsight_params_from_json");
+    constexpr const char* fn = "blindsight_params_from_json";
+    const auto P = fields_from_json<BlindSightParams>(j, JsonPath::from_prefix(where, fn));
+    check_blindsight_params(P, fn);
     return P;
 }
 
@@ -86,7 +80,7 @@ inline HeadMap head_map_from_json(const nlohmann::json& j) {
     detail::require(j.contains("model") && j["model"].is_object(), fn, "model: expected an object");
     HeadMap m;
     const auto& mo = j["model"];
-    detail::check_keys(mo, {"layers", "heads", "kv_heads", "head_dim"}, "model.");
+    check_object_keys(mo, JsonPath{"", "model", fn}, {"layers", "heads", "kv_heads", "head_dim"});
     for (const char* key : {"layers", "heads", "kv_heads", "head_dim"})
         detail::require(mo.contains(key) && mo[key].is_number_integer() && mo[key].get<std::int64_t>() > 0, fn, "model.",
                         key, ": expected an integer > 0");

@@ -19,6 +19,7 @@
 //       if (!r.pass) std::cerr << t.name << ": " << r.detail << '\n';
 //   }
 //
+// The manifest's "params" is the algorithm's Params as its to_json writes it (<vlsparse/io/params_json.hpp>).
 // Needs nlohmann/json (3.10 or newer). Include: <vlsparse/io/golden.hpp>
 #pragma once
 
@@ -38,6 +39,7 @@
 #include <nlohmann/json.hpp>
 
 #include "vlsparse/core/error.hpp"
+#include "vlsparse/io/json.hpp"
 #include "vlsparse/io/npy.hpp"
 
 namespace vlsparse {
@@ -126,16 +128,6 @@ inline bool is_golden_metric(std::string_view m) { return m == "exact" || m == "
 inline bool is_golden_precision(std::string_view p) { return p == "fp64" || p == "fp32" || p == "fp16" || p == "bf16"; }
 
 namespace detail {
-
-inline std::string json_type_name(const nlohmann::json& j) {
-    if (j.is_number_integer()) return "an integer";
-    if (j.is_number()) return "a number";
-    if (j.is_string()) return "a string";
-    if (j.is_boolean()) return "a boolean";
-    if (j.is_array()) return "an array";
-    if (j.is_object()) return "an object";
-    return "null";
-}
 
 // Checks one tensor entry (as read or about to be written). `where` is e.g. "outputs[1] ('scores')".
 inline void validate_golden_tensor(const GoldenTensor& t, bool is_output, const std::string& where, const char* fn,

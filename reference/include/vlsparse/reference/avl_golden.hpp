@@ -1,5 +1,6 @@
-// vlsparse/reference/avl_golden.hpp -- the A-VL golden cases: Params <-> JSON, the case runner used by
-// the generator (reference/golden_avl.cpp) and by the tests, and the metric of each output.
+// vlsparse/reference/avl_golden.hpp -- the A-VL golden cases: the case runner used by the generator
+// (reference/golden_avl.cpp) and by the tests, and the metric of each output. Params: to_json and
+// avl_params_from_json of <vlsparse/io/avl_json.hpp>.
 //
 // Case folder golden/avl/<case>/ (see docs/avl.md):
 //   inputs   q [n,H,d], k, v [n,H_kv,d] (dtype of the case), decode_q [S,H,d], decode_k, decode_v [S,H_kv,d]
@@ -17,59 +18,13 @@
 #include <string>
 #include <vector>
 
+#include "vlsparse/io/avl_json.hpp"
 #include "vlsparse/io/golden.hpp"
-#include "vlsparse/io/params_json.hpp"
 #include "vlsparse/kv/kv_cache.hpp"
 #include "vlsparse/policies/avl_params.hpp"
 #include "vlsparse/reference/zipvl_golden.hpp"
 
 namespace vlsparse {
-
-namespace detail {
-inline constexpr std::pair<AvlSpans, const char*> kAvlSpanNames[] = {{AvlSpans::per_image, "per_image"},
-                                                                    {AvlSpans::single_span, "single_span"}};
-inline constexpr std::pair<AvlTextGroups, const char*> kAvlTextGroupNames[] = {
-    {AvlTextGroups::per_kv_head, "per_kv_head"}, {AvlTextGroups::per_query_head, "per_query_head"}};
-}  // namespace detail
-
-inline nlohmann::json to_json(const AvlParams& P) {
-    return nlohmann::json{
-        {"rate", P.rate},
-        {"compute_rate", P.compute_rate},
-        {"refresh_every", P.refresh_every},
-        {"spans", std::string(to_string(P.spans))},
-        {"async_refresh", P.async_refresh},
-        {"prefill_filter", P.prefill_filter},
-        {"filter_layer", P.filter_layer},
-        {"text_rate", P.text_rate},
-        {"text_min_budget", P.text_min_budget},
-        {"text_heavy_fraction", P.text_heavy_fraction},
-        {"text_groups", std::string(to_string(P.text_groups))},
-    };
-}
-
-// Keys not present keep their defaults; unknown keys are an error.
-inline AvlParams avl_params_from_json(const nlohmann::json& j, const std::string& where = "") {
-    detail::check_keys(j,
-                       {"rate", "compute_rate", "refresh_every", "spans", "async_refresh", "prefill_filter",
-                        "filter_layer", "text_rate", "text_min_budget", "text_heavy_fraction", "text_groups"},
-                       where);
-    AvlParams P;
-    detail::read_number(j, "rate", P.rate, where);
-    detail::read_number(j, "compute_rate", P.compute_rate, where);
-    detail::read_number(j, "refresh_every", P.refresh_every, where);
-    detail::read_number(j, "async_refresh", P.async_refresh, where);
-    detail::read_number(j, "prefill_filter", P.prefill_filter, where);
-    detail::read_number(j, "filter_layer", P.filter_layer, where);
-    detail::read_number(j, "text_rate", P.text_rate, where);
-    detail::read_number(j, "text_min_budget", P.text_min_budget, where);
-    detail::read_number(j, "text_heavy_fraction", P.text_heavy_fraction, where);
-    if (j.contains("spans")) P.spans = detail::enum_from_json(j["spans"], "spans", detail::kAvlSpanNames, where);
-    if (j.contains("text_groups"))
-        P.text_groups = detail::enum_from_json(j["text_groups"], "text_groups", detail::kAvlTextGroupNames, where);
-    P.validate("avl_params_from_json");
-    return P;
-}
 
 namespace golden {
 

@@ -1,7 +1,8 @@
-// vlsparse/reference/baselines_golden.hpp -- the baselines' golden cases: Params <-> JSON, the case
-// runner used by the generator (reference/golden_baselines.cpp) and by the tests, and the metric of
-// each output. Case folder golden/baselines/<case>/ (see docs/baselines.md):
-//   params   {"baseline": "h2o" | "snapkv" | "streamingllm" | "fastv" | "random" | "fixed_ratio", ...Params}
+// vlsparse/reference/baselines_golden.hpp -- the baselines' golden cases: the case runner used by the
+// generator (reference/golden_baselines.cpp) and by the tests, and the metric of each output. Case
+// folder golden/baselines/<case>/ (see docs/baselines.md):
+//   params   to_json of the baseline's Params (<vlsparse/io/baselines_json.hpp>), whose "baseline" key
+//            names it: "h2o" | "snapkv" | "streamingllm" | "fastv" | "random" | "fixed_ratio"
 //   h2o          inputs q [n,H,d], k, v [n,H_kv,d], decode_q [S,H,d], decode_k, decode_v [S,H_kv,d]
 //                outputs scores [G,n] (rel), kept_mask [G,n], decode_kept_mask [S,G,n+S] (exact: positions
 //                held after step t's eviction), decode_scores [G,n+S] (rel: accumulated after the last
@@ -20,127 +21,13 @@
 #include <vector>
 
 #include "vlsparse/attention/cache_rows.hpp"
+#include "vlsparse/io/baselines_json.hpp"
 #include "vlsparse/io/golden.hpp"
-#include "vlsparse/io/params_json.hpp"
 #include "vlsparse/kv/kv_cache.hpp"
 #include "vlsparse/policies/baselines_params.hpp"
 #include "vlsparse/reference/zipvl_golden.hpp"
 
 namespace vlsparse {
-
-namespace detail {
-inline constexpr std::pair<BaselineGroups, const char*> kBaselineGroupNames[] = {{BaselineGroups::kv_head, "kv_head"},
-                                                                                 {BaselineGroups::layer, "layer"}};
-inline constexpr std::pair<BaselineScope, const char*> kBaselineScopeNames[] = {{BaselineScope::visual, "visual"},
-                                                                                {BaselineScope::all, "all"}};
-inline constexpr std::pair<SnapKVPooling, const char*> kSnapKVPoolingNames[] = {
-    {SnapKVPooling::avg, "avg"}, {SnapKVPooling::max, "max"}, {SnapKVPooling::none, "none"}};
-inline constexpr std::pair<FastVSpans, const char*> kFastVSpanNames[] = {{FastVSpans::joint, "joint"},
-                                                                         {FastVSpans::per_image, "per_image"}};
-inline constexpr std::pair<FixedRatioMode, const char*> kFixedRatioModeNames[] = {
-    {FixedRatioMode::uniform_stride, "uniform_stride"}, {FixedRatioMode::first, "first"}, {FixedRatioMode::last, "last"}};
-
-inline void read_budget(const nlohmann::json& j, const char* key, TokenBudget& b, const std::string& where) {
-    if (!j.contains(key)) return;
-    const auto& v = j.at(key);
-    const std::string w = where + key + ".";
-    require(v.is_object() && v.size() == 1 && (v.contains("tokens") || v.contains("fraction")), "params_from_json", w,
-            " expected {\"tokens\": N} or {\"fraction\": f}");
-    if (v.contains("tokens")) {
-        b.kind = BudgetKind::count;
-        read_number(v, "tokens", b.count, w);
-    } else {
-        b.kind = BudgetKind::fraction;
-        read_number(v, "fraction", b.fraction, w);
-    }
-}
-}  // namespace detail
-
-inline nlohmann::json to_json(const TokenBudget& b) {
-    return b.kind == BudgetKind::count ? nlohmann::json{{"tokens", b.count}} : nlohmann::json{{"fraction", b.fraction}};
-}
-inline nlohmann::json to_json(const H2OParams& P) {
-    return {{"baseline", "h2o"}, {"heavy", to_json(P.heavy)}, {"recent", to_json(P.recent)},
-            {"groups", std::string(to_string(P.groups))}, {"evict_during_decode", P.evict_during_decode}};
-}
-inline nlohmann::json to_json(const SnapKVParams& P) {
-    return {{"baseline", "snapkv"}, {"window", P.window}, {"kernel", P.kernel},
-            {"pooling", std::string(to_string(P.pooling))}, {"capacity", to_json(P.capacity)},
-            {"groups", std::string(to_string(P.groups))}};
-}
-inline nlohmann::json to_json(const StreamingLLMParams& P) {
-    return {{"baseline", "streamingllm"}, {"sinks", P.sinks}, {"recent", to_json(P.recent)},
-            {"evict_during_decode", P.evict_during_decode}};
-}
-inline nlohmann::json to_json(const FastVParams& P) {
-    return {{"baseline", "fastv"}, {"k_layer", P.k_layer}, {"rate", P.rate}, {"spans", std::string(to_string(P.spans))}};
-}
-inline nlohmann::json to_json(const RandomParams& P) {
-    return {{"baseline", "random"}, {"keep", to_json(P.keep)}, {"scope", std::string(to_string(P.scope))}, {"seed", P.seed}};
-}
-inline nlohmann::json to_json(const FixedRatioParams& P) {
-    return {{"baseline", "fixed_ratio"}, {"keep", to_json(P.keep)}, {"scope", std::string(to_string(P.scope))},
-            {"mode", std::string(to_string(P.mode))}};
-}
-
-// Keys not present keep their defaults; unknown keys are an error. `baseline` names the struct.
-inline H2OParams h2o_params_from_json(const nlohmann::json& j, const std::string& where = "") {
-    detail::check_keys(j, {"baseline", "heavy", "recent", "groups", "evict_during_decode"}, where);
-    H2OParams P;
-    detail::read_budget(j, "heavy", P.heavy, where);
-    detail::read_budget(j, "recent", P.recent, where);
-    if (j.contains("groups")) P.groups = detail::enum_from_json(j["groups"], "groups", detail::kBaselineGroupNames, where);
-    detail::read_number(j, "evict_during_decode", P.evict_during_decode, where);
-    P.validate("h2o_params_from_json");
-    return P;
-}
-inline SnapKVParams snapkv_params_from_json(const nlohmann::json& j, const std::string& where = "") {
-    detail::check_keys(j, {"baseline", "window", "kernel", "pooling", "capacity", "groups"}, where);
-    SnapKVParams P;
-    detail::read_number(j, "window", P.window, where);
-    detail::read_number(j, "kernel", P.kernel, where);
-    if (j.contains("pooling")) P.pooling = detail::enum_from_json(j["pooling"], "pooling", detail::kSnapKVPoolingNames, where);
-    detail::read_budget(j, "capacity", P.capacity, where);
-    if (j.contains("groups")) P.groups = detail::enum_from_json(j["groups"], "groups", detail::kBaselineGroupNames, where);
-    P.validate("snapkv_params_from_json");
-    return P;
-}
-inline StreamingLLMParams streamingllm_params_from_json(const nlohmann::json& j, const std::string& where = "") {
-    detail::check_keys(j, {"baseline", "sinks", "recent", "evict_during_decode"}, where);
-    StreamingLLMParams P;
-    detail::read_number(j, "sinks", P.sinks, where);
-    detail::read_budget(j, "recent", P.recent, where);
-    detail::read_number(j, "evict_during_decode", P.evict_during_decode, where);
-    P.validate("streamingllm_params_from_json");
-    return P;
-}
-inline FastVParams fastv_params_from_json(const nlohmann::json& j, const std::string& where = "") {
-    detail::check_keys(j, {"baseline", "k_layer", "rate", "spans"}, where);
-    FastVParams P;
-    detail::read_number(j, "k_layer", P.k_layer, where);
-    detail::read_number(j, "rate", P.rate, where);
-    if (j.contains("spans")) P.spans = detail::enum_from_json(j["spans"], "spans", detail::kFastVSpanNames, where);
-    P.validate("fastv_params_from_json");
-    return P;
-}
-inline RandomParams random_params_from_json(const nlohmann::json& j, const std::string& where = "") {
-    detail::check_keys(j, {"baseline", "keep", "scope", "seed"}, where);
-    RandomParams P;
-    detail::read_budget(j, "keep", P.keep, where);
-    if (j.contains("scope")) P.scope = detail::enum_from_json(j["scope"], "scope", detail::kBaselineScopeNames, where);
-    detail::read_number(j, "seed", P.seed, where);
-    P.validate("random_params_from_json");
-    return P;
-}
-inline FixedRatioParams fixed_ratio_params_from_json(const nlohmann::json& j, const std::string& where = "") {
-    detail::check_keys(j, {"baseline", "keep", "scope", "mode"}, where);
-    FixedRatioParams P;
-    detail::read_budget(j, "keep", P.keep, where);
-    if (j.contains("scope")) P.scope = detail::enum_from_json(j["scope"], "scope", detail::kBaselineScopeNames, where);
-    if (j.contains("mode")) P.mode = detail::enum_from_json(j["mode"], "mode", detail::kFixedRatioModeNames, where);
-    P.validate("fixed_ratio_params_from_json");
-    return P;
-}
 
 namespace golden {
 

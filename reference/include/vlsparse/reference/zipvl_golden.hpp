@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "vlsparse/io/golden.hpp"
-#include "vlsparse/io/params_json.hpp"
+#include "vlsparse/io/zipvl_json.hpp"
 #include "vlsparse/kv/kv_cache.hpp"
 #include "vlsparse/policies/zipvl_params.hpp"
 #include "vlsparse/reference/zipvl.hpp"

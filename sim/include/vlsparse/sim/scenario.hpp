@@ -38,7 +38,7 @@
 
 #include "vlsparse/core/layout.hpp"
 #include "vlsparse/core/model_shape.hpp"
-#include "vlsparse/sim/json_util.hpp"
+#include "vlsparse/io/json.hpp"
 #include "vlsparse/sim/policies.hpp"
 #include "vlsparse/sim/dump.hpp"
 #include "vlsparse/sim/residual.hpp"
@@ -126,7 +126,7 @@ inline SyntheticParams synthetic_params_from_json(const json& j, const JsonWhere
         using T = std::remove_reference_t<decltype(out)>;
         const json* v = find_key(j, key);
         if (!v) return;
-        if (const std::string p = ::vlsparse::detail::json_number_problem<T>(*v); !p.empty())
+        if (const std::string p = ::vlsparse::json_number_problem<T>(*v); !p.empty())
             w.key(key).fail(p + ", got " + json_repr(*v));
         out = v->get<T>();
     };
