@@ -30,6 +30,7 @@
 #include <vlsparse/kv/kv_batch.hpp>
 
 #include "bench_util.hpp"
+#include "cuda_bench_util.cuh"
 
 using namespace vlsparse;
 
@@ -40,18 +41,6 @@ void ok(cudaError_t e, const char* what) {
         std::fprintf(stderr, "cuda_decode_bench: %s: %s\n", what, cudaGetErrorString(e));
         std::exit(1);
     }
-}
-
-// The clean-L2 flush: reads the buffer (a dependent sum the compiler cannot drop), leaving the L2
-// full of clean lines of it, so that the timed call pays for no write-back of earlier writes.
-__global__ void read_flush(const uint4* p, std::size_t n, unsigned* sink) {
-    unsigned acc = 0;
-    for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-         i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-        const uint4 x = __ldcs(p + i);
-        acc ^= x.x ^ x.y ^ x.z ^ x.w;
-    }
-    if (acc == 0x9e3779b9u) *sink = acc;  // practically never; keeps the loads
 }
 
 // How the L2 is emptied before each timed call: a 512 MiB read (the default since 2026-11-25: clean
@@ -80,7 +69,7 @@ struct Timer {
         std::vector<float> t;
         for (int r = 0; r < reps + 3; ++r) {
             if (g_flush_read) {
-                read_flush<<<1056, 512>>>(static_cast<const uint4*>(flush), flush_bytes / 16,
+                bench::bench_read_flush<><<<1056, 512>>>(static_cast<const uint4*>(flush), flush_bytes / 16,
                                           static_cast<unsigned*>(flush));
                 ok(cudaGetLastError(), "read_flush");
             } else {
