@@ -237,7 +237,10 @@ TEST_CASE("params json: every malformed field is an error naming the key", "[io]
                    Contains(where + "bogus: unknown key (known keys: "));
         // every key with a value of the wrong type
         for (auto it = a.defaults.begin(); it != a.defaults.end(); ++it) {
-            const auto [bad, expect] = params_json_test::wrong_type_for(it.value());
+            // Not a structured binding: Clang 14 cannot capture one in a lambda.
+            const auto wrong = params_json_test::wrong_type_for(it.value());
+            const auto& bad = wrong.first;
+            const auto& expect = wrong.second;
             INFO(it.key() << " = " << bad.dump());
             const std::string msg = vt::error_of([&] { a.round(json{{it.key(), bad}}, where); });
             CHECK_THAT(msg, Contains(where + it.key() + ": " + (it.key() == "baseline" ? "expected the string" : expect)));
