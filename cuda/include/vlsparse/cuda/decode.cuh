@@ -81,7 +81,7 @@ public:
     // with_probs, the plan also holds room for the probabilities of every listed row.
     // cache_type: the element type of the cache the plan will serve, when known: a bf16 cache with
     // 64 < head_dim <= 128 and one new token per sequence gets chunks sized for the tensor-core
-    // kernel's 3-stage ring (2 blocks per multiprocessor; 2-5% faster at B = 1, docs/cuda.md); anything
+    // kernel's 3-stage ring (2 blocks per multiprocessor; 1-6% faster at B = 1, docs/cuda.md); anything
     // else plans for 3 blocks per multiprocessor, which every kernel serves (the default: unknown).
     void plan(const DecodeBatchHost& meta, std::int64_t n_heads, std::int64_t n_kv_heads, std::int64_t head_dim,
               bool with_probs = false, cudaStream_t stream = nullptr, DType cache_type = DType::f32) {
