@@ -1,6 +1,7 @@
 // python/src/module.cpp -- the Python module `vlsparse` (pybind11): the algorithms of the library on
 // numpy arrays, once per backend (vlsparse.reference: the exact scalar reference; vlsparse.simd: the
-// SIMD path), with the same names and arguments. vlsparse.golden and vlsparse.sim are in sim.cpp.
+// SIMD path), with the same names and arguments. vlsparse.golden and vlsparse.sim are in sim.cpp; the
+// KV cache of a decode loop and decode over it, H2O's / StreamingLLM's policies in kv.cpp.
 //
 // Arrays: float32, float16 or uint16 (bfloat16 bits, the golden files' convention); all inputs of one
 // call share one element type; read in place through their strides (a copy only for negative strides
@@ -761,6 +762,7 @@ void init_module(py::module_& m) {
     bind_backend<ReferenceBackend>(ref);
     py::module_ sim = m.def_submodule("simd", "The SIMD path (fp32 accumulation, the CPU's best instruction set).");
     bind_backend<SimdBackend>(sim);
+    bind_kv(m, ref, sim);
 
     bind_sim(m);
 

@@ -110,3 +110,87 @@ def test_sim_errors(tmp_path):
         vlsparse.sim.run(s)
     with pytest.raises(vlsparse.Error, match="command = 'sweep'"):
         vlsparse.sim.run(None, command="sweep")
+
+
+@pytest.mark.parametrize("B", [ref, simd], ids=["reference", "simd"])
+def test_cache_errors(rng, B):
+    q, k, v = qkv(rng, 12, 4, 2, 8)
+    with pytest.raises(vlsparse.Error, match="n_kv_heads = 0, expected > 0"):
+        vlsparse.KvCache(0, 8)
+    with pytest.raises(vlsparse.Error, match="KvCache: dtype: dtype float64, expected float32, float16 or uint16"):
+        vlsparse.KvCache(2, 8, np.float64)
+    with pytest.raises(vlsparse.Error, match="is not a numpy dtype"):
+        vlsparse.KvCache(2, 8, "bfloat17")
+    cache = vlsparse.KvCache(2, 8, np.float16)
+    with pytest.raises(vlsparse.Error, match=r"KvCache.assign: k has dtype float32, expected the cache's dtype float16"):
+        cache.assign(k, v)
+    with pytest.raises(vlsparse.Error, match="empty; append the new token's K/V first"):
+        B.decode_attention(q[-1].astype(np.float16), cache)
+    cache = vlsparse.KvCache(2, 8)
+    cache.assign(k, v)
+    with pytest.raises(vlsparse.Error, match=r"KvCache::append: k has shape \[4, 8\], expected \[2, 8\]"):
+        cache.append(q[0], q[0])
+    with pytest.raises(vlsparse.Error, match="positions and seq_len go together"):
+        cache.assign(k, v, positions=np.arange(12))
+    with pytest.raises(vlsparse.Error, match=r"positions\[1\] = 1 is not above"):
+        cache.assign(k[:2], v[:2], positions=[1, 1], seq_len=12)
+    with pytest.raises(vlsparse.Error, match="position 40 is not in KV head 0"):
+        cache.keep([1, 40])
+    with pytest.raises(vlsparse.Error, match="selection has 3 lists, expected 1 or 2"):
+        cache.keep(vlsparse.TokenSelection(12, [[0], [1], [2]]))
+    assert cache.rows(0) == 12  # a failed keep leaves the cache as it was
+    with pytest.raises(vlsparse.Error, match="KV head 5, expected 0 <= g < 2"):
+        cache.positions(5)
+    with pytest.raises(vlsparse.Error, match=r"q has dtype float16, expected the cache's dtype float32"):
+        B.decode_attention(q[-1].astype(np.float16), cache)
+    with pytest.raises(vlsparse.Error, match=r"q has shape \[4, 4\], expected \[H, 8\]"):
+        B.decode_attention(q[-1, :, :4], cache)
+    with pytest.raises(vlsparse.Error, match="holds row 12 at entry 1"):
+        B.indexed_decode_attention(q[-1], cache, [[0, 12]])
+    with pytest.raises(vlsparse.Error, match="row list 1 is empty"):
+        B.indexed_decode_attention(q[-1], cache, [[0], []])
+    with pytest.raises(vlsparse.Error, match="not in KV head 0 of the cache"):
+        cache.rows_for_positions([3, 20])
+    bad = q[-1].copy()
+    bad[1, 2] = np.inf
+    with pytest.raises(vlsparse.Error, match=r"q\[1, 2\] = inf"):
+        B.decode_attention(bad, cache)
+
+
+def test_policy_errors(rng):
+    q, k, v = qkv(rng, 12, 4, 2, 8)
+    shape = {"layers": 1, "heads": 4, "kv_heads": 2, "head_dim": 8}
+    pol = vlsparse.H2OPolicy({"heavy": {"tokens": 2}, "recent": {"tokens": 2}})
+    with pytest.raises(vlsparse.Error, match="no prompt: call begin"):
+        pol.prefill(0, q, k, v)
+    with pytest.raises(vlsparse.Error, match="shape: unknown key 'layer'"):
+        pol.begin("text:12", {"layer": 1, "heads": 4, "kv_heads": 2, "head_dim": 8})
+    with pytest.raises(vlsparse.Error, match="shape.head_dim: missing"):
+        pol.begin("text:12", {"layers": 1, "heads": 4, "kv_heads": 2})
+    with pytest.raises(vlsparse.Error, match="heads = 4 is not a multiple of kv_heads = 3"):
+        pol.begin("text:12", dict(shape, kv_heads=3))
+    with pytest.raises(vlsparse.Error, match="h2o_params_from_json: heavy = -1 tokens, expected a count >= 0"):
+        vlsparse.H2OPolicy({"heavy": -1})
+    pol.begin("text:12", shape)
+    with pytest.raises(vlsparse.Error, match="layer 0 has no prefill state"):
+        pol.decode_read(0, 0, vlsparse.TokenSelection(13, [range(13)]))
+    with pytest.raises(vlsparse.Error, match="do not match the model shape"):
+        pol.prefill(0, q[:, :2], k, v)
+    kv = pol.prefill(0, q, k, v)
+    read = vlsparse.TokenSelection(13, [list(kv.indices[0]) + [12], list(kv.indices[1]) + [12]])
+    with pytest.raises(vlsparse.Error, match=r"read: selection list 0 holds position 12, expected a position in \[0, 12\)"):
+        pol.decode_observe(0, 0, vlsparse.TokenSelection(12, read.indices), [np.ones(5) / 5] * 2)
+    with pytest.raises(vlsparse.Error, match="attn has 0 vectors, expected one per read list"):
+        pol.decode_observe(0, 0, read)
+    with pytest.raises(vlsparse.Error, match=r"attn\[1\] has 2 entries, expected 5"):
+        pol.decode_observe(0, 0, read, [np.ones(5) / 5, np.ones(2)])
+    with pytest.raises(vlsparse.Error, match=r"attn\[0\]\[1\] = nan"):
+        pol.decode_observe(0, 0, read, [np.array([0.2, np.nan, 0.2, 0.2, 0.2])] * 2)
+    with pytest.raises(vlsparse.Error, match="H2OPolicy.accumulated: layer = 1, expected 0 <= layer < 1"):
+        pol.accumulated(1)
+    with pytest.raises(vlsparse.Error, match="h2o_keep: cached\\[1\\] = 1, expected ascending unique"):
+        vlsparse.h2o_keep([1, 1], 1, 1, np.zeros(3))
+    with pytest.raises(vlsparse.Error, match="position 7 has no score"):
+        vlsparse.h2o_keep([1, 7], 1, 1, np.zeros(3))
+    with pytest.raises(vlsparse.Error, match="sinks = -1"):
+        vlsparse.streamingllm_keep([1, 2], -1, 1)

@@ -1,6 +1,7 @@
-# Golden round trips: every ZipVL and A-VL case through both backends of the module, the outputs
-# written as .npy files and checked by vlsparse.golden.verify (the simulator's golden verify); a wrong
-# output fails it. Other algorithms' golden outputs as anchors, compared under the manifest's metric.
+# Golden round trips: every ZipVL, A-VL, BlindSight and baseline case through both backends of the
+# module, the outputs written as .npy files and checked by vlsparse.golden.verify (the simulator's
+# golden verify); a wrong output fails it. Other algorithms' golden outputs as anchors, compared under
+# the manifest's metric.
 import json
 import os
 import subprocess
@@ -237,15 +238,74 @@ def test_blindsight_round_trip(tmp_path, backend, case):
     assert v["pass"] and not failed and len(v["cases"][0]["outputs"]) == len(outputs), failed
 
 
+BASELINE_CASES = sorted(p.name for p in (GOLDEN_DIR / "baselines").iterdir() if (p / "manifest.json").exists())
+
+
+def h2o_outputs(B, m, x):
+    """An H2O case as an engine runs it: B's scores and prefill selection, then the decode steps over a
+    vlsparse.KvCache, the step's probabilities fed back to vlsparse.H2OPolicy, which evicts."""
+    P, layout = m["params"], m["layout"]
+    q, k, v = x["q"], x["k"], x["v"]
+    (n, H, d), Hkv, S = q.shape, k.shape[1], x["decode_q"].shape[0]
+    scores = B.h2o_scores(q, k, P["groups"])
+    sel = B.baseline_select("h2o", q, k, layout, P)
+    pol = vlsparse.H2OPolicy(P)
+    pol.begin(layout, {"layers": 1, "heads": H, "kv_heads": Hkv, "head_dim": d})
+    kv = pol.prefill(0, q, k, v)  # the policy ranks on the SIMD path: the same kept set
+    assert [list(a) for a in kv.indices] == [list(a) for a in sel.indices]
+    cache = vlsparse.KvCache(Hkv, d, k.dtype)
+    cache.assign(k, v)
+    cache.keep(sel)
+    G, r = scores.shape[0], H // Hkv
+    kept, outs = np.zeros((S, G, n + S), np.uint8), []
+    for t in range(S):
+        cache.append(x["decode_k"][t], x["decode_v"][t])
+        read = pol.decode_read(0, t, vlsparse.TokenSelection(n + t + 1, [cache.positions(g) for g in range(Hkv)]))
+        rows = cache.rows_for_positions(read)
+        out, probs = B.indexed_decode_attention(x["decode_q"][t], cache, rows, probs=True, scale=P["scale"])
+        attn = [probs[g * r:(g + 1) * r, : len(rows[g])].mean(axis=0) for g in range(Hkv)]  # per KV head
+        keep = pol.decode_observe(0, t, read, attn)
+        if keep is not None:
+            cache.keep(keep)
+        for g in range(G):
+            kept[t, g, cache.positions(g)] = 1
+        outs.append(out)
+    return {"scores": scores, "kept_mask": sel.mask(), "decode_kept_mask": kept, "decode_scores": pol.accumulated(0),
+            "decode_out": np.stack(outs)}
+
+
+def streamingllm_outputs(m, x):
+    """A StreamingLLM case: the prefill selection, then the window rolled by vlsparse.StreamingLLMPolicy at
+    each step (it reads no attention: any q, k, v of the prompt's length drive its prefill)."""
+    P, layout = m["params"], m["layout"]
+    n, S = vlsparse.layout_n(layout), int(x["steps"][0])
+    pol = vlsparse.StreamingLLMPolicy(P)
+    pol.begin(layout, {"layers": 1, "heads": 1, "kv_heads": 1, "head_dim": 1})
+    z = np.zeros((n, 1, 1), np.float32)
+    cached = list(pol.prefill(0, z, z, z).indices[0])
+    kept = np.zeros((S, n + S), np.uint8)
+    for t in range(S):
+        cached.append(n + t)
+        read = pol.decode_read(0, t, vlsparse.TokenSelection(n + t + 1, [cached]))
+        keep = pol.decode_observe(0, t, read)
+        cached = list(keep.indices[0]) if keep is not None else cached
+        kept[t, cached] = 1
+    return {"kept_mask": vlsparse.baseline_select_static("streamingllm", layout, P).mask()[0], "decode_kept_mask": kept}
+
+
 @pytest.mark.parametrize("backend", ["reference", "simd"])
-@pytest.mark.parametrize("case", ["snapkv_avg_gqa_fp32", "snapkv_max_mqa_fp16", "fastv_joint_bf16", "fastv_per_image_fp32",
-                                  "random_visual", "random_all_count", "fixed_ratio_last_all", "fixed_ratio_stride"])
+@pytest.mark.parametrize("case", BASELINE_CASES)
 def test_baselines_round_trip(tmp_path, backend, case):
-    # The prefill-only baseline cases (H2O's and StreamingLLM's cases also hold decode steps: anchored above).
+    # Every baseline case, through golden.verify: H2O's and StreamingLLM's decode steps with their
+    # decode-time eviction included.
     B = getattr(vlsparse, backend)
     m, x = load(GOLDEN_DIR / "baselines" / case)
     P, policy = m["params"], m["params"]["baseline"]
-    if policy == "snapkv":
+    if policy == "h2o":
+        outputs = h2o_outputs(B, m, x)
+    elif policy == "streamingllm":
+        outputs = streamingllm_outputs(m, x)
+    elif policy == "snapkv":
         window = B.snapkv_window_scores(x["q"], x["k"], P["window"], P["groups"])
         sel = B.baseline_select(policy, x["q"], x["k"], m["layout"], P)
         outputs = {"window_scores": window, "pooled": B.snapkv_pool(window, P["kernel"], P["pooling"]), "kept_mask": sel.mask()}
