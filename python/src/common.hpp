@@ -154,5 +154,7 @@ inline Layout layout_arg(const py::object& layout, const py::array& x) {
 void bind_sim(py::module_& m);  // sim.cpp: vlsparse.golden and vlsparse.sim
 // kv.cpp: vlsparse.KvCache, decode over it in each backend, H2O's / StreamingLLM's decode-time eviction
 void bind_kv(py::module_& m, py::module_& ref, py::module_& simd);
+// purekv.cpp: each backend's PureKVEstimator, vlsparse.purekv_masks
+void bind_purekv(py::module_& m, py::module_& ref, py::module_& simd);
 
 }  // namespace vlsparse::python

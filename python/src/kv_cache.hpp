@@ -1,7 +1,7 @@
 // python/src/kv_cache.hpp -- vlsparse.KvCache: one layer's KV cache (vlsparse::KvCache<T>) that Python
 // holds across decode steps, in the element type chosen when it is made (float32, float16, or bf16 as
-// uint16 bits); and the model shape as a dict. Used by kv.cpp (the cache, decode over it, H2O's /
-// StreamingLLM's policies).
+// uint16 bits); and the model shape as a dict. Shared by the translation units of the stateful objects
+// (kv.cpp: the cache, decode over it, H2O's / StreamingLLM's policies; purekv.cpp: the estimator).
 //
 // Threads: a method that computes with the GIL released (decode, assign, append, keep) holds the
 // cache's lock meanwhile (shared to read, exclusive to change it), so that another Python thread
@@ -63,6 +63,11 @@ inline ModelShape shape_arg(const py::object& o, const char* fn) {
     return s;
 }
 
+inline py::dict shape_dict(const ModelShape& s) {
+    return py::dict(py::arg("layers") = s.layers, py::arg("heads") = s.heads, py::arg("kv_heads") = s.kv_heads,
+                    py::arg("head_dim") = s.head_dim);
+}
+
 template <class T>
 InDType in_dtype_of() {
     if constexpr (std::is_same_v<T, float>) return InDType::f32;
@@ -84,6 +89,12 @@ public:
     template <class T, class F>
     decltype(auto) change(F&& f) {
         py::gil_scoped_release nogil;
+        std::unique_lock lock(m_);
+        return f(std::get<KvCache<T>>(c_));
+    }
+    // The same for a caller that has released the GIL itself (and holds no lock a GIL holder waits on).
+    template <class T, class F>
+    decltype(auto) change_released(F&& f) {
         std::unique_lock lock(m_);
         return f(std::get<KvCache<T>>(c_));
     }

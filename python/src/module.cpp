@@ -1,7 +1,8 @@
 // python/src/module.cpp -- the Python module `vlsparse` (pybind11): the algorithms of the library on
 // numpy arrays, once per backend (vlsparse.reference: the exact scalar reference; vlsparse.simd: the
 // SIMD path), with the same names and arguments. vlsparse.golden and vlsparse.sim are in sim.cpp; the
-// KV cache of a decode loop and decode over it, H2O's / StreamingLLM's policies in kv.cpp.
+// stateful objects (vlsparse.KvCache and decode over it, H2O's / StreamingLLM's policies, PureKV's
+// estimator) in kv.cpp and purekv.cpp.
 //
 // Arrays: float32, float16 or uint16 (bfloat16 bits, the golden files' convention); all inputs of one
 // call share one element type; read in place through their strides (a copy only for negative strides
@@ -763,6 +764,7 @@ void init_module(py::module_& m) {
     py::module_ sim = m.def_submodule("simd", "The SIMD path (fp32 accumulation, the CPU's best instruction set).");
     bind_backend<SimdBackend>(sim);
     bind_kv(m, ref, sim);
+    bind_purekv(m, ref, sim);
 
     bind_sim(m);
 

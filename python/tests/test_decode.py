@@ -1,7 +1,7 @@
 # A decode loop from Python: vlsparse.KvCache kept across steps, decode over it on both backends
 # against the stateless functions (which copy the given rows into a fresh cache), eviction, indexed
-# decode with its probabilities against numpy, and the decode-time eviction of H2O and StreamingLLM
-# against their keep rules.
+# decode with its probabilities against numpy, the decode-time eviction of H2O and StreamingLLM against
+# their keep rules, and PureKV's estimator against the stateless PureKV functions.
 import threading
 
 import numpy as np
@@ -223,3 +223,53 @@ def test_keep_rules():
     np.testing.assert_array_equal(vlsparse.h2o_keep([1, 4], 2, 1, np.zeros(5)), [1, 4])  # within budget: all
     np.testing.assert_array_equal(vlsparse.streamingllm_keep(range(10), 2, 3), [0, 1, 7, 8, 9])
     np.testing.assert_array_equal(vlsparse.streamingllm_keep([3, 5], 2, 3), [3, 5])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_purekv_estimator(rng, dtype):
+    # The estimator layer by layer against the stateless functions of each backend, and prefill_layer
+    # (the engine's one call per layer) against the steps.
+    layout = "text:6,video:4x16[4x4],text:10"
+    n, L, H, Hkv, d = vlsparse.layout_n(layout), 4, 4, 2, 16
+    P = {"window": 8, "budget_fraction": 0.3, "l0": 1, "st_start_layer": 2, "q_block": 16, "k_block": 16}
+    shape = {"layers": L, "heads": H, "kv_heads": Hkv, "head_dim": d}
+    layers = [qkv(rng, n, H, Hkv, d, dtype, scale=1.5) for _ in range(L)]
+    for B in (ref, simd):
+        est = B.PureKVEstimator(P, layout, shape)
+        steps = B.PureKVEstimator(P, layout, shape)
+        assert est.n == n and est.shape == shape and est.layout == layout and est.params["l0"] == 1
+        s0 = B.purekv_window_scores(layers[1][0], layers[1][1], 1, P)
+        for layer, (q, k, v) in enumerate(layers):
+            assert est.needs_scores(layer) == (layer <= 1) and est.masked(layer) == (layer >= 2)
+            cache = vlsparse.KvCache(Hkv, d, k.dtype)
+            out, sel = est.prefill_layer(layer, q, k, v, cache)
+            if steps.needs_scores(layer):
+                np.testing.assert_array_equal(steps.observe(layer, q, k).s, B.purekv_window_scores(q, k, layer, P).s)
+            assert steps.observed(1) == (layer >= 1)
+            exp = B.purekv_select(B.purekv_window_scores(q, k, layer, P) if layer <= 1 else s0, v, layer, P)
+            got = steps.select(layer, v)
+            np.testing.assert_array_equal(got.importance, exp.importance)
+            assert [list(x) for x in got.selection.indices] == [list(x) for x in exp.selection.indices]
+            assert [list(x) for x in sel.selection.indices] == [list(x) for x in exp.selection.indices]
+            dense = B.purekv_st_attention(q, k, v, layout, P) if layer >= 2 else B.dense_attention(q, k, v)
+            np.testing.assert_array_equal(steps.attention(layer, q, k, v), dense)
+            np.testing.assert_array_equal(out, dense)
+            for g in range(Hkv):  # the cache holds the kept set
+                np.testing.assert_array_equal(cache.positions(g), exp.selection.indices[g])
+            if layer > 1:
+                val = steps.validate(layer, q, k, v)
+                assert [x["rho"] for x in val] == [x["rho"] for x in B.purekv_validate(s0, q, k, v, layer, P)]
+        np.testing.assert_array_equal(est.scores(3).s, s0.s)  # above l0: l0's scores
+
+
+def test_purekv_masks():
+    layout = "text:3,video:3x8[2x4],text:2"
+    r = vlsparse.purekv_masks(layout, {"st_window": 4, "st_dilation": 2})
+    n = vlsparse.layout_n(layout)
+    assert r["kinds"] == ["spatial", "temporal", "spatial_temporal", "local_window", "atrous"]
+    assert r["masks"].shape == (5, n, n) and r["masks"].dtype == np.uint8
+    np.testing.assert_array_equal(r["masks"].sum(axis=(1, 2)), r["allowed_pairs"])
+    causal = np.tril(np.ones((n, n), np.uint8))
+    assert (r["masks"] <= causal).all()  # causal, and only video-to-same-video pairs are cut:
+    assert (r["masks"][:, :3] == causal[:3]).all() and (r["masks"][:, -2:] == causal[-2:]).all()  # text rows
+    assert (r["allowed_pairs"] < causal.sum()).all()

@@ -194,3 +194,25 @@ def test_policy_errors(rng):
         vlsparse.h2o_keep([1, 7], 1, 1, np.zeros(3))
     with pytest.raises(vlsparse.Error, match="sinks = -1"):
         vlsparse.streamingllm_keep([1, 2], -1, 1)
+
+
+@pytest.mark.parametrize("B", [ref, simd], ids=["reference", "simd"])
+def test_purekv_estimator_errors(rng, B):
+    layout = "text:4,video:2x8,text:4"
+    q, k, v = qkv(rng, 24, 4, 2, 8)
+    shape = {"layers": 3, "heads": 4, "kv_heads": 2, "head_dim": 8}
+    with pytest.raises(vlsparse.Error, match="l0 = 3 is beyond the model's layers"):
+        B.PureKVEstimator({"window": 4, "l0": 3}, layout, shape)
+    est = B.PureKVEstimator({"window": 4, "l0": 1}, layout, shape)
+    with pytest.raises(vlsparse.Error, match=r"scores of layer 1 are needed for layer 2 but were not observed"):
+        est.select(2, v)
+    with pytest.raises(vlsparse.Error, match="layer 2 does not use its own attention scores"):
+        est.observe(2, q, k)
+    with pytest.raises(vlsparse.Error, match="do not match the prompt and model"):
+        est.observe(1, q[:20], k[:20])
+    with pytest.raises(vlsparse.Error, match="layer = 5, expected 0 <= layer < 3"):
+        est.attention(5, q, k, v)
+    with pytest.raises(vlsparse.Error, match="expected the cache's dtype float16"):
+        est.prefill_layer(0, q, k, v, vlsparse.KvCache(2, 8, np.float16))
+    with pytest.raises(vlsparse.Error, match="unknown kind|kind"):
+        vlsparse.purekv_masks("vid:8")

@@ -1,7 +1,7 @@
-# Golden round trips: every ZipVL, A-VL, BlindSight and baseline case through both backends of the
-# module, the outputs written as .npy files and checked by vlsparse.golden.verify (the simulator's
-# golden verify); a wrong output fails it. Other algorithms' golden outputs as anchors, compared under
-# the manifest's metric.
+# Golden round trips: every case of every algorithm (ZipVL, A-VL, BlindSight, the baselines, PureKV)
+# through both backends of the module, the outputs written as .npy files and checked by
+# vlsparse.golden.verify (the simulator's golden verify); a wrong output fails it. Anchors besides:
+# the stateless functions' outputs compared with the golden files under the manifest's metric.
 import json
 import os
 import subprocess
@@ -318,5 +318,51 @@ def test_baselines_round_trip(tmp_path, backend, case):
     for name, a in outputs.items():
         np.save(tmp_path / f"{name}.npy", a)
     v = vlsparse.golden.verify(tmp_path, GOLDEN_DIR / "baselines" / case)
+    failed = [o["name"] + ": " + o["detail"] for o in v["cases"][0]["outputs"] if not o["pass"]]
+    assert v["pass"] and not failed and len(v["cases"][0]["outputs"]) == len(outputs), failed
+
+
+PUREKV_CASES = sorted(p.name for p in (GOLDEN_DIR / "purekv").iterdir() if (p / "manifest.json").exists())
+
+
+@pytest.mark.parametrize("backend", ["reference", "simd"])
+@pytest.mark.parametrize("case", PUREKV_CASES)
+def test_purekv_round_trip(tmp_path, backend, case):
+    # Every PureKV case, through golden.verify: the video masks, and where the case has a prompt the
+    # backend's estimator layer by layer (observe up to l0, attention, select, validation above l0);
+    # the Spearman cases through vlsparse.spearman.
+    B = getattr(vlsparse, backend)
+    m, x = load(GOLDEN_DIR / "purekv" / case)
+    P, layout = m["params"], m["layout"]
+    masks = vlsparse.purekv_masks(layout, P)
+    outputs = {"masks": masks["masks"], "allowed_pairs": masks["allowed_pairs"]}
+    if "q" in x:
+        (L, n, H, d), Hkv, l0 = x["q"].shape, x["k"].shape[2], P["l0"]
+        est = B.PureKVEstimator(P, layout, {"layers": L, "heads": H, "kv_heads": Hkv, "head_dim": d})
+        G = Hkv if P["grouping"] == "kv_head" else 1
+        v_norm, importance, kept = np.zeros((L, G, n)), np.zeros((L, G, n)), np.zeros((L, G, n), np.uint8)
+        out, rho, p = [], [], []
+        for layer in range(L):
+            q, k, v = x["q"][layer], x["k"][layer], x["v"][layer]
+            if est.needs_scores(layer):
+                est.observe(layer, q, k)
+            out.append(est.attention(layer, q, k, v))
+            sel = est.select(layer, v)
+            kept[layer] = sel.selection.mask()
+            if not sel.dense:
+                v_norm[layer], importance[layer] = sel.v_norm, sel.importance
+            if layer > l0:
+                val = est.validate(layer, q, k, v)
+                rho.append([g["rho"] for g in val])
+                p.append([g["p_value"] for g in val])
+        outputs.update(scores_l0=est.scores(l0).s, v_norm=v_norm, importance=importance, kept_mask=kept, prefill_out=np.stack(out))
+        if rho:
+            outputs.update(validation_rho=np.array(rho), validation_p=np.array(p))
+    if "x" in x:
+        r = vlsparse.spearman(x["x"], x["y"])
+        outputs["spearman"] = np.array([r["rho"], r["p_value"]])
+    for name, a in outputs.items():
+        np.save(tmp_path / f"{name}.npy", a)
+    v = vlsparse.golden.verify(tmp_path, GOLDEN_DIR / "purekv" / case)
     failed = [o["name"] + ": " + o["detail"] for o in v["cases"][0]["outputs"] if not o["pass"]]
     assert v["pass"] and not failed and len(v["cases"][0]["outputs"]) == len(outputs), failed
