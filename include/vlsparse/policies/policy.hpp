@@ -44,21 +44,12 @@
 #include "vlsparse/policies/avl.hpp"
 #include "vlsparse/policies/baselines.hpp"
 #include "vlsparse/policies/blindsight.hpp"
+#include "vlsparse/policies/scoring.hpp"
 #include "vlsparse/policies/zipvl.hpp"
 
 namespace vlsparse {
 
-// What a policy sees of one prefill layer. q [n, H, d], k and v [n, H_kv, d] in fp32, rows in
-// position order; `positions` are the absolute positions of the rows (size n; 0..n-1 unless an
-// earlier layer dropped tokens from the sequence, e.g. FastV / A-VL prefill filter). An empty
-// `positions` means 0..n-1.
-struct PrefillLayer {
-    const Layout* layout = nullptr;          // the prompt's original layout (positions [0, layout->n()))
-    ModelShape shape;
-    std::int64_t layer = 0;
-    View3<const float> q, k, v;
-    std::span<const std::int64_t> positions;
-};
+// PrefillLayer (what a policy sees of one prefill layer) and PrefillScoring: policies/scoring.hpp.
 
 // What a policy decides for one prefill layer. Positions are absolute (kv.n = layout->n()).
 struct PrefillDecision {
@@ -327,7 +318,8 @@ struct ZipVLPolicy : DecodeReadsAll {
         const auto pos = detail::check_prefill_layer(in, "ZipVLPolicy::prefill");
         const bool identity = detail::is_identity(pos) && static_cast<std::int64_t>(pos.size()) == in.layout->n();
         const Layout rows_layout = identity ? *in.layout : compact_layout(*in.layout, pos);
-        const ZipVLSelection s = simd::zipvl_select(in.q, in.k, rows_layout, in.layer, params);
+        const ZipVLSelection s = in.scoring ? in.scoring->zipvl_select(in, rows_layout, params)
+                                             : simd::zipvl_select(in.q, in.k, rows_layout, in.layer, params);
         PrefillDecision d;
         d.kv = rows_to_positions(s.selection, pos, in.layout->n());
         d.sparse_prefill = zipvl_sparse_prefill(s, params);  // false: dense or eviction-only (prefill = dense)
@@ -368,14 +360,15 @@ struct AvlPolicy {
                         " was not announced by begin() (", schedules_.size(), " layers)");
         const Layout& layout = *in.layout;
         const std::int64_t n = layout.n();
-        const auto rows = simd::avl_scores(in.q, in.k, attention);
+        const auto rows = in.scoring ? in.scoring->last_row_scores(in, attention) : simd::avl_scores(in.q, in.k, attention);
         const auto scores = avl_scatter_scores(rows, pos, n);
         PrefillDecision d;
         if (params.prefill_filter > 0.0 && in.layer == params.filter_layer)
             d.sequence = avl_prefill_filter(scores, layout, params, pos);
         std::vector<std::vector<std::int64_t>> text;
         if (params.text_rate > 0.0) {
-            const auto acc_rows = simd::avl_h2o_scores(in.q, in.k, params.text_groups, attention);
+            const auto acc_rows = in.scoring ? in.scoring->avl_h2o_scores(in, params.text_groups, attention)
+                                             : simd::avl_h2o_scores(in.q, in.k, params.text_groups, attention);
             std::vector<std::vector<double>> acc;
             for (const auto& a : acc_rows) acc.push_back(avl_scatter_scores(a, pos, n));
             const std::int64_t group =
@@ -527,8 +520,9 @@ struct H2OPolicy {
                         " was not announced by begin()");
         const auto nrows = static_cast<std::int64_t>(pos.size());
         PrefillDecision d;
-        d.kv = rows_to_positions(h2o_select_from_scores(simd::h2o_scores(in.q, in.k, params.groups, params.attention()), params),
-                                 pos, in.layout->n());
+        auto scores = in.scoring ? in.scoring->h2o_scores(in, params.groups, params.attention())
+                                  : simd::h2o_scores(in.q, in.k, params.groups, params.attention());
+        d.kv = rows_to_positions(h2o_select_from_scores(std::move(scores), params), pos, in.layout->n());
         LayerState& st = layers_[static_cast<std::size_t>(in.layer)];
         st = LayerState{};
         st.ready = true;
@@ -617,7 +611,8 @@ struct SnapKVPolicy : DecodeReadsAll {
     PrefillDecision prefill(const PrefillLayer& in) {
         const auto pos = detail::check_prefill_layer(in, "SnapKVPolicy::prefill");
         PrefillDecision d;
-        d.kv = rows_to_positions(simd::snapkv_select(in.q, in.k, params), pos, in.layout->n());
+        d.kv = rows_to_positions(in.scoring ? in.scoring->snapkv_select(in, params) : simd::snapkv_select(in.q, in.k, params),
+                                 pos, in.layout->n());
         return d;
     }
 };
@@ -701,7 +696,15 @@ struct FastVPolicy : DecodeReadsAll {
         d.kv.n = in.layout->n();
         d.kv.indices.push_back(pos);
         if (in.layer == params.k_layer - 1) {
-            const TokenSelection s = simd::fastv_select(in.q, in.k, detail::rows_layout(in, pos), params);
+            const Layout rows = detail::rows_layout(in, pos);
+            TokenSelection s;
+            if (in.scoring) {
+                params.validate("FastVPolicy::prefill");
+                rows.require_tokens(in.q.shape[0], "FastVPolicy::prefill");
+                s = fastv_select_from_scores(in.scoring->last_row_scores(in, params.attention()), rows, params);
+            } else {
+                s = simd::fastv_select(in.q, in.k, rows, params);
+            }
             d.sequence = rows_to_positions(s, pos, in.layout->n()).indices[0];
         }
         return d;
