@@ -152,6 +152,8 @@ inline const char* kRunUsage =
     "  --no-sweep         no budget sweep (faster: one run per policy; the report keeps its other sections)\n"
     "  --set PATH=VALUE   override a scenario key before it is checked, e.g. --set model.layers=4,\n"
     "                     --set decode_steps=0, --set 'policies[0].params.tau=0.9' (repeatable)\n"
+    "  --backend NAME     cpu (the SIMD path, fp32) or cuda (the CUDA kernels, bf16; a build with\n"
+    "                     -Dcuda=enabled): the same as --set backend=NAME\n"
     "  --quiet            no progress bar\n"
     "  -h, --help         this text\n";
 

@@ -107,6 +107,7 @@ inline bool report_option(Args& a, ReportPaths& o) {
     else if (auto v2 = a.value("--html")) o.html = *v2;
     else if (auto v3 = a.value("--json")) o.json = *v3;
     else if (auto v4 = a.value("--set")) o.sets.push_back(*v4);
+    else if (auto v5 = a.value("--backend")) o.sets.push_back("backend=" + *v5);
     else if (a.flag("--no-html")) o.no_html = true;
     else if (a.flag("--quiet")) o.quiet = true;
     else return false;

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <future>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -33,14 +34,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "vlsparse/attention/dense.hpp"
-#include "vlsparse/attention/indexed_decode.hpp"
-#include "vlsparse/attention/masked.hpp"
-#include "vlsparse/attention/probe.hpp"
-#include "vlsparse/attention/sparse.hpp"
-#include "vlsparse/kv/kv_cache.hpp"
 #include "vlsparse/masks/flops.hpp"
 #include "vlsparse/policies/policy.hpp"
+#include "vlsparse/sim/backend.hpp"
+#include "vlsparse/sim/cpu_backend.hpp"
 #include "vlsparse/sim/layer_source.hpp"
 #include "vlsparse/sim/metrics.hpp"
 #include "vlsparse/sim/policies.hpp"
@@ -60,8 +57,12 @@ struct PolicyToRun {
 
 struct EngineOptions {
     Progress* progress = nullptr;
+    std::string backend;             // non-empty: overrides the scenario's backend ("cpu", "cuda")
     std::int64_t bins = 256;         // position bins of the kept-token pictures
     bool keep_final_hidden = false;  // residual mode: keep the final hidden states (tests)
+    bool keep_kept_sets = false;     // keep each layer's cached positions after the prefill (tests)
+    bool cpu_round_bf16 = false;     // cpu backend: round every input to bf16 first (what the cuda backend
+                                     // computes on; the CPU / GPU agreement test)
 };
 
 struct RunResult {
@@ -71,6 +72,10 @@ struct RunResult {
     bool residual = false;
     std::int64_t hidden_size = 0;
     std::string source;
+    std::string backend = "cpu";  // the backend's name
+    std::string device;           // what it ran on (SimBackend::describe)
+    double source_s = 0.0;        // generating or loading the layers' Q/K/V (plain sources; on the cuda
+                                  // backend overlapped with the GPU's work on the layer before)
     PureKVValidation purekv;  // PureKV's Eq. 5-7 check on the dense run (when a purekv policy runs)
 };
 
@@ -94,7 +99,6 @@ inline double since(clock::time_point t0) { return std::chrono::duration<double>
 
 // What the other runs are measured against, from the dense reference run.
 struct RefLayer {
-    std::vector<float> prefill_out;                // [n, H, d], rows by position
     std::vector<std::vector<double>> last_mass;    // [H_kv][n]: sum over the group's heads of P(n-1, h, j)
     std::vector<float> decode_out;                 // [H, d] of the current step
     std::vector<std::vector<double>> decode_mass;  // [H_kv][positions]: same for the current decode token
@@ -103,11 +107,11 @@ struct RefLayer {
 struct Run {
     PolicyToRun p;
     PolicyResult res;
-    std::vector<std::int64_t> seq;       // the positions in the sequence
-    std::vector<KvCache<float>> caches;  // plain: one (the current layer), residual: one per layer
+    std::vector<std::int64_t> seq;                 // the positions in the sequence
+    std::vector<std::unique_ptr<SimCache>> caches;  // plain: one (the current layer), residual: one per layer
     std::vector<float> hidden;           // residual: [seq, D]
     std::vector<float> x;                // residual: the decode token's hidden state [D]
-    std::vector<float> out;              // the last attention output
+    std::vector<float> out;              // the last decode step's attention output [H, d]
     std::vector<float> final_rows;       // residual: final hidden states [S + 1, D]
     std::int64_t last_token = -1;
 };
@@ -122,7 +126,7 @@ inline bool contains_sorted(std::span<const std::int64_t> v, std::int64_t x) {
 }
 
 // The cache's positions as a selection (shared when every KV head holds the same positions).
-inline TokenSelection cache_selection(const KvCache<float>& c) {
+inline TokenSelection cache_selection(const SimCache& c) {
     TokenSelection s;
     s.n = c.seq_len();
     const std::int64_t G = c.n_kv_heads();
@@ -138,29 +142,28 @@ inline TokenSelection cache_selection(const KvCache<float>& c) {
     return s;
 }
 
-// Fills `cache` with m rows of K/V at positions `seq` (of a prompt of n tokens).
-inline void fill_cache(KvCache<float>& cache, const float* k, const float* v, std::span<const std::int64_t> seq,
-                       std::int64_t n, std::int64_t Hkv, std::int64_t d) {
-    const auto m = static_cast<std::int64_t>(seq.size());
-    if (m == n) {
-        cache.assign(View3<const float>(k, {n, Hkv, d}), View3<const float>(v, {n, Hkv, d}));
-        return;
+// Throws unless every position `read` lists is held by its KV head of the cache, each list sorted
+// ascending without duplicates (rows_for_positions' contract, for any backend's cache).
+inline void check_read_positions(const SimCache& cache, const TokenSelection& read) {
+    constexpr const char* fn = "rows_for_positions";
+    for (std::int64_t g = 0; g < cache.n_kv_heads(); ++g) {
+        const auto pos = cache.positions(g);
+        const auto want = read.for_kv_head(g);
+        std::size_t src = 0;  // one walk over both ascending lists
+        for (std::size_t i = 0; i < want.size(); ++i) {
+            ::vlsparse::detail::require(i == 0 || want[i] > want[i - 1], fn, "position list for KV head ", g,
+                                        " is not sorted ascending without duplicates at entry ", i);
+            while (src < pos.size() && pos[src] < want[i]) ++src;
+            ::vlsparse::detail::require(src < pos.size() && pos[src] == want[i], fn, "position ", want[i],
+                                        " is not in KV head ", g, " of the cache (evicted, or beyond seq_len ",
+                                        cache.seq_len(), ")");
+            ++src;
+        }
     }
-    std::vector<float> kf(static_cast<std::size_t>(n * Hkv * d), 0.0f), vf(kf.size(), 0.0f);
-    for (std::int64_t i = 0; i < m; ++i) {
-        const auto dst = static_cast<std::size_t>(seq[static_cast<std::size_t>(i)] * Hkv * d);
-        std::copy_n(k + i * Hkv * d, Hkv * d, kf.data() + dst);
-        std::copy_n(v + i * Hkv * d, Hkv * d, vf.data() + dst);
-    }
-    cache.assign(View3<const float>(kf.data(), {n, Hkv, d}), View3<const float>(vf.data(), {n, Hkv, d}));
-    TokenSelection keep;
-    keep.n = n;
-    keep.indices.emplace_back(seq.begin(), seq.end());
-    cache.keep(keep);
 }
 
 // Kept share per position bin, over KV heads.
-inline std::vector<float> kept_bins(const KvCache<float>& c, std::int64_t n, std::int64_t bins) {
+inline std::vector<float> kept_bins(const SimCache& c, std::int64_t n, std::int64_t bins) {
     const std::int64_t B = std::max<std::int64_t>(1, std::min(bins, n));
     std::vector<double> cnt(static_cast<std::size_t>(B), 0.0);
     for (std::int64_t g = 0; g < c.n_kv_heads(); ++g)
@@ -175,21 +178,25 @@ inline std::vector<float> kept_bins(const KvCache<float>& c, std::int64_t n, std
     return r;
 }
 
-// One run's prefill of layer l over its sequence rows q [m, H, d], k, v [m, H_kv, d]. Writes r.out
-// [m, H, d], fills `cache`, records the layer's metrics (against `ref` unless null), and returns the
-// row indices that stay in the sequence (empty: all).
+// One run's prefill of layer l over its sequence rows q [m, H, d], k, v [m, H_kv, d] on the backend
+// (the output stays there: SimBackend::prefill_output), fills `cache`, records the layer's metrics
+// (against `ref` and the backend's reference output unless ref is null), and returns the row indices
+// that stay in the sequence (empty: all).
 inline std::vector<std::int64_t> prefill_step(Run& r, const Scenario& s, std::int64_t l, const float* q, const float* k,
-                                              const float* v, KvCache<float>& cache, const RefLayer* ref,
-                                              std::int64_t bins) {
+                                              const float* v, SimBackend& be, SimCache& cache, const RefLayer* ref,
+                                              std::int64_t bins, std::int64_t shared_id = -1, bool keep_set = false) {
     const std::int64_t n = s.n(), H = s.model.heads, Hkv = s.model.kv_heads, d = s.model.head_dim, grp = H / Hkv;
     const auto m = static_cast<std::int64_t>(r.seq.size());
     LayerMetrics& M = r.res.layers[static_cast<std::size_t>(l)];
     M.layer = l;
     M.rows = m;
     const View3<const float> qv(q, {m, H, d}), kv(k, {m, Hkv, d}), vv(v, {m, Hkv, d});
-    const PrefillLayer in{&s.layout, s.model, l, qv, kv, vv, std::span<const std::int64_t>(r.seq)};
-
     auto t0 = clock::now();
+    be.set_rows(SimRows{q, k, v, m, shared_id});
+    M.other_s += since(t0);
+    const PrefillLayer in{&s.layout, s.model, l, qv, kv, vv, std::span<const std::int64_t>(r.seq), be.scoring()};
+
+    t0 = clock::now();
     PrefillDecision dec;
     try {
         dec = r.p.policy.prefill(in);
@@ -221,15 +228,11 @@ inline std::vector<std::int64_t> prefill_step(Run& r, const Scenario& s, std::in
     }
 
     // The prefill attention.
-    r.out.assign(static_cast<std::size_t>(m * H * d), 0.0f);
-    const View3<float> ov(r.out.data(), {m, H, d});
     std::vector<std::vector<std::uint8_t>> computed;  // per KV group: rows with outputs (empty: all rows)
-    t0 = clock::now();
     try {
         if (dec.mask) {
             M.prefill_kind = "masked";
-            simd::masked_attention(qv, kv, vv, *dec.mask, ov);
-            M.attention_s += since(t0);
+            M.attention_s += be.masked_prefill(*dec.mask);
             double pairs[4] = {-1, -1, -1, -1};
             double total = 0.0;
             for (const auto t : dec.mask->head_template) {
@@ -249,8 +252,7 @@ inline std::vector<std::int64_t> prefill_step(Run& r, const Scenario& s, std::in
                     rl.push_back(std::lower_bound(r.seq.begin(), r.seq.end(), p) - r.seq.begin());
                 rows.indices.push_back(std::move(rl));
             }
-            simd::sparse_attention(qv, kv, vv, rows, ov, dec.unselected);
-            M.attention_s += since(t0);
+            M.attention_s += be.sparse_prefill(rows, dec.unselected);
             double pairs = 0.0;
             for (std::int64_t h = 0; h < H; ++h) {
                 const auto T = rows.for_kv_head(h / grp);
@@ -269,8 +271,7 @@ inline std::vector<std::int64_t> prefill_step(Run& r, const Scenario& s, std::in
             }
         } else {
             M.prefill_kind = "dense";
-            simd::dense_attention(qv, kv, vv, ov);
-            M.attention_s += since(t0);
+            M.attention_s += be.dense_prefill();
             M.prefill_pairs = static_cast<double>(H) * static_cast<double>(m) * static_cast<double>(m + 1) / 2.0;
         }
     } catch (const ::vlsparse::error& e) {
@@ -280,8 +281,8 @@ inline std::vector<std::int64_t> prefill_step(Run& r, const Scenario& s, std::in
 
     // The cache: the rows at their positions, then the policy's kept set.
     t0 = clock::now();
-    fill_cache(cache, k, v, r.seq, n, Hkv, d);
     try {
+        cache.fill(r.seq, n);
         cache.keep(dec.kv);
     } catch (const ::vlsparse::error& e) {
         policy_fail(r, l, e.what());
@@ -290,20 +291,18 @@ inline std::vector<std::int64_t> prefill_step(Run& r, const Scenario& s, std::in
     double rows_kept = 0.0;
     for (std::int64_t g = 0; g < Hkv; ++g) rows_kept += static_cast<double>(cache.rows(g));
     M.kept_ratio = rows_kept / (static_cast<double>(Hkv) * static_cast<double>(n));
-    M.kv_bytes_prefill = static_cast<double>(cache.kv_bytes());
-    M.dense_kv_bytes_prefill = static_cast<double>(n * Hkv * d * 2) * sizeof(float);
+    M.kv_bytes_prefill = static_cast<double>(cache.kv_bytes(d));
+    M.dense_kv_bytes_prefill = static_cast<double>(n * Hkv * d * 2 * cache.element_bytes());
     M.kept_bins = kept_bins(cache, n, bins);
+    if (keep_set) {
+        if (r.res.kept_sets.size() <= static_cast<std::size_t>(l)) r.res.kept_sets.resize(static_cast<std::size_t>(l) + 1);
+        r.res.kept_sets[static_cast<std::size_t>(l)] = cache_selection(cache);
+    }
 
     if (ref) {
-        for (std::int64_t i = 0; i < m; ++i) {
-            const std::int64_t pos = r.seq[static_cast<std::size_t>(i)];
-            for (std::int64_t h = 0; h < H; ++h) {
-                if (!computed.empty() && !computed[static_cast<std::size_t>(h / grp)][static_cast<std::size_t>(i)]) continue;
-                const float* a = r.out.data() + (i * H + h) * d;
-                const float* b = ref->prefill_out.data() + (pos * H + h) * d;
-                for (std::int64_t c = 0; c < d; ++c) M.prefill_err.add(a[c], b[c]);
-            }
-        }
+        t0 = clock::now();
+        M.prefill_err = be.prefill_error(r.seq, computed);
+        M.other_s += since(t0);
         double mass = 0.0;
         for (std::int64_t g = 0; g < Hkv; ++g)
             for (auto p : cache.positions(g)) mass += ref->last_mass[static_cast<std::size_t>(g)][static_cast<std::size_t>(p)];
@@ -318,28 +317,15 @@ inline std::vector<std::int64_t> prefill_step(Run& r, const Scenario& s, std::in
     return keep_rows;
 }
 
-// The dense reference's probabilities of the last prompt row, summed over each KV group's heads.
-inline std::vector<std::vector<double>> last_row_mass(const Scenario& s, const float* q, const float* k) {
-    const std::int64_t n = s.n(), H = s.model.heads, Hkv = s.model.kv_heads, d = s.model.head_dim, grp = H / Hkv;
-    std::vector<float> probs(static_cast<std::size_t>(H * n));
-    const std::int64_t rows[1] = {n - 1};
-    simd::probe_attention(View3<const float>(q, {n, H, d}), View3<const float>(k, {n, Hkv, d}),
-                          std::span<const std::int64_t>(rows), View3<float>(probs.data(), {H, 1, n}));
-    std::vector<std::vector<double>> m(static_cast<std::size_t>(Hkv), std::vector<double>(static_cast<std::size_t>(n), 0.0));
-    for (std::int64_t h = 0; h < H; ++h)
-        for (std::int64_t j = 0; j < n; ++j) m[static_cast<std::size_t>(h / grp)][static_cast<std::size_t>(j)] += probs[static_cast<std::size_t>(h * n + j)];
-    return m;
-}
-
 // One run's decode step t of layer l: q [H, d], k, v [H_kv, d] of the new token. Writes r.out [H, d].
 // With `fill` (the reference run) records the step's output and probabilities into it; with `ref`
 // measures against them.
 inline void decode_step(Run& r, const Scenario& s, std::int64_t l, std::int64_t t, const float* q, const float* k,
-                        const float* v, KvCache<float>& cache, const RefLayer* ref, RefLayer* fill) {
+                        const float* v, SimBackend& be, SimCache& cache, const RefLayer* ref, RefLayer* fill) {
     const std::int64_t n = s.n(), H = s.model.heads, Hkv = s.model.kv_heads, d = s.model.head_dim, grp = H / Hkv;
     LayerMetrics& M = r.res.layers[static_cast<std::size_t>(l)];
     auto t0 = clock::now();
-    cache.append(View2<const float>(k, {Hkv, d}), View2<const float>(v, {Hkv, d}));
+    cache.append(k, v);
     const TokenSelection cached = cache_selection(cache);
     M.other_s += since(t0);
 
@@ -351,39 +337,23 @@ inline void decode_step(Run& r, const Scenario& s, std::int64_t l, std::int64_t 
         policy_fail(r, l, "decode step " + std::to_string(t) + ": " + e.what());
     }
     M.decide_s += since(t0);
-    CacheRows rows;
+    SimDecode dec;
     try {
         if (read.groups() != 1 && static_cast<std::int64_t>(read.groups()) != Hkv)
             throw ::vlsparse::error("decode_read", "returned " + std::to_string(read.groups()) + " lists, expected 1 or " +
                                                        std::to_string(Hkv));
-        rows = rows_for_positions(cache, read);
+        check_read_positions(cache, read);
     } catch (const ::vlsparse::error& e) {
         policy_fail(r, l, "decode step " + std::to_string(t) + ": the positions read: " + e.what());
     }
-    std::size_t L = 0;
-    for (const auto& li : rows) L = std::max(L, li.size());
-    std::vector<float> probs(static_cast<std::size_t>(H) * L);
-    r.out.assign(static_cast<std::size_t>(H * d), 0.0f);
-    t0 = clock::now();
     try {
-        simd::indexed_decode_attention(View2<const float>(q, {H, d}), cache, rows, View2<float>(r.out.data(), {H, d}),
-                                       View2<float>(probs.data(), {H, static_cast<std::int64_t>(L)}));
+        dec = be.decode(cache, q, read, fill != nullptr);
     } catch (const ::vlsparse::error& e) {
         policy_fail(r, l, "decode step " + std::to_string(t) + ": " + e.what());
     }
-    M.attention_s += since(t0);
-
-    // Head-mean attention per read list.
-    std::vector<std::vector<double>> attn(read.groups());
-    for (std::size_t g = 0; g < read.groups(); ++g) {
-        const auto len = read.indices[g].size();
-        attn[g].assign(len, 0.0);
-        const std::int64_t h0 = read.shared() ? 0 : static_cast<std::int64_t>(g) * grp;
-        const std::int64_t h1 = read.shared() ? H : h0 + grp;
-        for (std::int64_t h = h0; h < h1; ++h)
-            for (std::size_t i = 0; i < len; ++i) attn[g][i] += probs[static_cast<std::size_t>(h) * L + i];
-        for (auto& a : attn[g]) a /= static_cast<double>(h1 - h0);
-    }
+    M.attention_s += dec.seconds;
+    r.out = std::move(dec.out);
+    const std::vector<std::vector<double>>& attn = dec.attn;
     t0 = clock::now();
     std::optional<TokenSelection> ev;
     try {
@@ -402,20 +372,12 @@ inline void decode_step(Run& r, const Scenario& s, std::int64_t l, std::int64_t 
         M.other_s += since(t0);
     }
 
-    for (std::int64_t h = 0; h < H; ++h)
-        M.decode_pairs += static_cast<double>(rows[static_cast<std::size_t>(h / grp)].size());
+    for (std::int64_t h = 0; h < H; ++h) M.decode_pairs += static_cast<double>(read.for_kv_head(h / grp).size());
     M.dense_decode_pairs += static_cast<double>(H) * static_cast<double>(n + t + 1);
 
     if (fill) {
         fill->decode_out = r.out;
-        const std::int64_t P = cache.seq_len();
-        fill->decode_mass.assign(static_cast<std::size_t>(Hkv), std::vector<double>(static_cast<std::size_t>(P), 0.0));
-        for (std::int64_t h = 0; h < H; ++h) {
-            const auto& list = read.for_kv_head(h / grp);
-            for (std::size_t i = 0; i < list.size(); ++i)
-                fill->decode_mass[static_cast<std::size_t>(h / grp)][static_cast<std::size_t>(list[i])] +=
-                    probs[static_cast<std::size_t>(h) * L + i];
-        }
+        fill->decode_mass = std::move(dec.group_mass);
     }
     if (ref) {
         for (std::int64_t x = 0; x < H * d; ++x)
@@ -428,11 +390,11 @@ inline void decode_step(Run& r, const Scenario& s, std::int64_t l, std::int64_t 
     }
 }
 
-inline void finish_layer(Run& r, const Scenario& s, std::int64_t l, const KvCache<float>& cache) {
+inline void finish_layer(Run& r, const Scenario& s, std::int64_t l, const SimCache& cache) {
     const std::int64_t n = s.n(), Hkv = s.model.kv_heads, d = s.model.head_dim, S = s.decode_steps;
     LayerMetrics& M = r.res.layers[static_cast<std::size_t>(l)];
-    M.kv_bytes_end = static_cast<double>(cache.kv_bytes());
-    M.dense_kv_bytes_end = static_cast<double>((n + S) * Hkv * d * 2) * sizeof(float);
+    M.kv_bytes_end = static_cast<double>(cache.kv_bytes(d));
+    M.dense_kv_bytes_end = static_cast<double>((n + S) * Hkv * d * 2 * cache.element_bytes());
     double rows = 0.0;
     for (std::int64_t g = 0; g < Hkv; ++g) rows += static_cast<double>(cache.rows(g));
     M.kept_ratio_end = rows / (static_cast<double>(Hkv) * static_cast<double>(n + S));
@@ -497,6 +459,12 @@ inline RunResult run_engine(const Scenario& s, std::vector<PolicyToRun> policies
     RunResult result;
     result.threads = thread_count();
     result.residual = s.source.kind == SourceKind::residual;
+    const std::unique_ptr<SimBackend> backend =
+        make_backend(opt.backend.empty() ? s.backend : opt.backend, opt.cpu_round_bf16);
+    SimBackend& be = *backend;
+    be.begin(s.model, n, S);
+    result.backend = be.name();
+    result.device = be.describe();
 
     std::vector<Run> runs;
     runs.push_back(Run{PolicyToRun{"dense", "dense", json::object(), DensePolicy{}, "", ""}, {}, {}, {}, {}, {}, {}, {}, -1});
@@ -538,10 +506,24 @@ inline RunResult run_engine(const Scenario& s, std::vector<PolicyToRun> policies
         // ---- plain sources: layer by layer, prefill then decode -------------------------------------
         auto src = make_plain_source(s);
         result.source = src->describe();
-        for (auto& r : runs) r.caches.assign(1, KvCache<float>(Hkv, d));
+        for (auto& r : runs) {
+            r.caches.clear();
+            r.caches.push_back(be.make_cache());
+        }
+        // A backend that computes off the host (cuda) gets layer l + 1 generated on a host thread while
+        // it works on layer l; the cpu backend computes on the same cores, so it generates in turn.
+        const bool prefetch = be.name() != "cpu";
+        auto generate = [&src](std::int64_t layer) {
+            const auto t0 = clock::now();
+            LayerQKV q = src->layer(layer);
+            return std::pair<LayerQKV, double>(std::move(q), since(t0));
+        };
+        std::future<std::pair<LayerQKV, double>> next;
         for (std::int64_t l = 0; l < Lyr; ++l) {
             if (opt.progress) opt.progress->note("layer " + std::to_string(l + 1) + "/" + Ls + ": generating Q/K/V");
-            const LayerQKV qkv = src->layer(l);
+            auto [qkv, gen_s] = next.valid() ? next.get() : generate(l);
+            result.source_s += gen_s;
+            if (prefetch && l + 1 < Lyr) next = std::async(std::launch::async, generate, l + 1);
             if (qkv.rows < n + S)
                 throw ::vlsparse::error("vlsparse-sim", "the source gave " + std::to_string(qkv.rows) + " rows for layer " +
                                                             std::to_string(l) + ", expected n + decode_steps = " +
@@ -559,10 +541,11 @@ inline RunResult run_engine(const Scenario& s, std::vector<PolicyToRun> policies
                 const float* q = identity ? qkv.q.data() : gq.data();
                 const float* k = identity ? qkv.k.data() : gk.data();
                 const float* v = identity ? qkv.v.data() : gv.data();
-                prefill_step(r, s, l, q, k, v, r.caches[0], ri == 0 ? nullptr : &ref, opt.bins);
+                prefill_step(r, s, l, q, k, v, be, *r.caches[0], ri == 0 ? nullptr : &ref, opt.bins, identity ? l : -1,
+                             opt.keep_kept_sets);
                 if (ri == 0) {
-                    ref.prefill_out = r.out;
-                    ref.last_mass = last_row_mass(s, qkv.q.data(), qkv.k.data());
+                    be.keep_as_reference();
+                    ref.last_mass = be.last_row_mass();
                     r.res.layers[static_cast<std::size_t>(l)].mass_prefill = 1.0;
                     result.purekv.observe(l, View3<const float>(qkv.q.data(), {n, H, d}),
                                           View3<const float>(qkv.k.data(), {n, Hkv, d}),
@@ -576,13 +559,14 @@ inline RunResult run_engine(const Scenario& s, std::vector<PolicyToRun> policies
                 for (std::size_t ri = 0; ri < runs.size(); ++ri) {
                     Run& r = runs[ri];
                     decode_step(r, s, l, t, qkv.q.data() + row * H * d, qkv.k.data() + row * Hkv * d,
-                                qkv.v.data() + row * Hkv * d, r.caches[0], ri == 0 ? nullptr : &ref, ri == 0 ? &ref : nullptr);
+                                qkv.v.data() + row * Hkv * d, be, *r.caches[0], ri == 0 ? nullptr : &ref,
+                                ri == 0 ? &ref : nullptr);
                     if (ri == 0) r.res.layers[static_cast<std::size_t>(l)].mass_decode += 1.0;
                 }
                 tick(nruns * (static_cast<double>(n) + static_cast<double>(t)),
                      "layer " + std::to_string(l + 1) + "/" + Ls + " decode step " + std::to_string(t + 1));
             }
-            for (auto& r : runs) finish_layer(r, s, l, r.caches[0]);
+            for (auto& r : runs) finish_layer(r, s, l, *r.caches[0]);
         }
     } else {
         // ---- residual source: prefill layer by layer, then decode step by step --------------------
@@ -596,7 +580,8 @@ inline RunResult run_engine(const Scenario& s, std::vector<PolicyToRun> policies
                                                         " values, expected n x D = " + std::to_string(n * D));
         for (auto& r : runs) {
             r.hidden = h0;
-            r.caches.assign(static_cast<std::size_t>(Lyr), KvCache<float>(Hkv, d));
+            r.caches.clear();
+            for (std::int64_t l = 0; l < Lyr; ++l) r.caches.push_back(be.make_cache());
         }
         LayerQKV qkv;
         for (std::int64_t l = 0; l < Lyr; ++l) {
@@ -610,18 +595,19 @@ inline RunResult run_engine(const Scenario& s, std::vector<PolicyToRun> policies
                     throw ::vlsparse::error("vlsparse-sim", "the residual model projected " + std::to_string(qkv.rows) +
                                                                 " rows, expected " + std::to_string(m));
                 r.res.layers[static_cast<std::size_t>(l)].other_s += since(t0);
-                const auto keep = prefill_step(r, s, l, qkv.q.data(), qkv.k.data(), qkv.v.data(),
-                                               r.caches[static_cast<std::size_t>(l)], ri == 0 ? nullptr : &ref, opt.bins);
+                const auto keep = prefill_step(r, s, l, qkv.q.data(), qkv.k.data(), qkv.v.data(), be,
+                                               *r.caches[static_cast<std::size_t>(l)], ri == 0 ? nullptr : &ref, opt.bins,
+                                               -1, opt.keep_kept_sets);
                 if (ri == 0) {
-                    ref.prefill_out = r.out;  // the reference never drops rows: rows are positions
-                    ref.last_mass = last_row_mass(s, qkv.q.data(), qkv.k.data());
+                    be.keep_as_reference();  // the reference never drops rows: rows are positions
+                    ref.last_mass = be.last_row_mass();
                     r.res.layers[static_cast<std::size_t>(l)].mass_prefill = 1.0;
                     result.purekv.observe(l, View3<const float>(qkv.q.data(), {n, H, d}),
                                           View3<const float>(qkv.k.data(), {n, Hkv, d}),
                                           View3<const float>(qkv.v.data(), {n, Hkv, d}));
                 }
                 t0 = clock::now();
-                model->update(l, std::span<float>(r.hidden), std::span<const float>(r.out));
+                model->update(l, std::span<float>(r.hidden), be.prefill_output());
                 if (!keep.empty()) r.hidden = gather_rows(r.hidden, keep, D);
                 r.res.layers[static_cast<std::size_t>(l)].other_s += since(t0);
                 tick(static_cast<double>(n) * static_cast<double>(n) / 2.0,
@@ -651,7 +637,7 @@ inline RunResult run_engine(const Scenario& s, std::vector<PolicyToRun> policies
                     auto t0 = clock::now();
                     model->project(l, std::span<const float>(r.x), std::span<const std::int64_t>(&pos, 1), qkv);
                     r.res.layers[static_cast<std::size_t>(l)].other_s += since(t0);
-                    decode_step(r, s, l, t, qkv.q.data(), qkv.k.data(), qkv.v.data(), r.caches[static_cast<std::size_t>(l)],
+                    decode_step(r, s, l, t, qkv.q.data(), qkv.k.data(), qkv.v.data(), be, *r.caches[static_cast<std::size_t>(l)],
                                 ri == 0 ? nullptr : &refs[static_cast<std::size_t>(l)],
                                 ri == 0 ? &refs[static_cast<std::size_t>(l)] : nullptr);
                     if (ri == 0) r.res.layers[static_cast<std::size_t>(l)].mass_decode += 1.0;
@@ -675,7 +661,7 @@ inline RunResult run_engine(const Scenario& s, std::vector<PolicyToRun> policies
             if (opt.keep_final_hidden) r.res.final_hidden = r.final_rows;
         }
         for (auto& r : runs)
-            for (std::int64_t l = 0; l < Lyr; ++l) finish_layer(r, s, l, r.caches[static_cast<std::size_t>(l)]);
+            for (std::int64_t l = 0; l < Lyr; ++l) finish_layer(r, s, l, *r.caches[static_cast<std::size_t>(l)]);
     }
     if (opt.progress) opt.progress->finish();
     for (auto& r : runs) result.runs.push_back(std::move(r.res));

@@ -35,6 +35,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "vlsparse/core/selection.hpp"
+
 namespace vlsparse::sim {
 
 // ||a - b||^2 / ||b||^2 accumulated in double; 0 when both are zero.
@@ -82,6 +84,8 @@ struct PolicyResult {
     std::int64_t tokens_agree = 0;
     double kl_sum = 0.0;                 // sum over the S + 1 LM-head points of KL(p_dense || p), nats
     std::vector<float> final_hidden;     // [S + 1, D] final-layer hidden states (tests)
+    std::vector<TokenSelection> kept_sets;  // EngineOptions::keep_kept_sets: per layer, the cache's positions
+                                            // after the prefill (tests: CPU / GPU agreement)
     // sweep (compare): which swept policy and value this run is
     std::string sweep_of, sweep_value;
 

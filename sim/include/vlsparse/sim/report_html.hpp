@@ -99,7 +99,7 @@ inline std::string report_html(const std::string& command, const Scenario& s, co
          {"prompt", "n = " + std::to_string(s.n()) + " tokens: " + s.layout.to_string()},
          {"decode steps", std::to_string(s.decode_steps)},
          {"source", r.source + (r.residual ? " (hidden size " + std::to_string(r.hidden_size) + ")" : "")},
-         {"backend", s.backend + ", " + std::to_string(r.threads) + " thread(s)"},
+         {"backend", r.device + ", " + std::to_string(r.threads) + " host thread(s)"},
          {"seed", std::to_string(s.seed)},
          {"wall time", text::fix(r.wall_s, 2) + " s (the whole " + command + ", every policy and the dense reference)"},
          {"generated", detail::now_utc() + " by vlsparse-sim " + VLSPARSE_VERSION_STRING},

@@ -1,7 +1,7 @@
 // vlsparse/sim/report_json.hpp -- the simulator's machine-readable report (--json FILE).
 //
 //   {"format": "vlsparse.sim.report", "version": 1, "generator": "vlsparse-sim 0.1.0",
-//    "command": "run", "scenario": {...}, "source": "...", "threads": 2, "wall_s": 4.2,
+//    "command": "run", "scenario": {...}, "source": "...", "threads": 2, "device": "...", "wall_s": 4.2,
 //    "residual": false, "hidden_size": 0,
 //    "purekv_validation": null or {"policy", "l0", "window", "grouping", "mean_rho", "mean_rho_without_v",
 //                          "mean_topk_overlap", "layers": [{"layer", "source_layer", "rho": [G], "p": [G],
@@ -101,6 +101,8 @@ inline json report_json(const std::string& command, const Scenario& s, const Run
                 {"scenario", to_json(s)},
                 {"source", r.source},
                 {"threads", r.threads},
+                {"device", r.device},
+                {"source_s", r.source_s},
                 {"wall_s", r.wall_s},
                 {"residual", r.residual},
                 {"hidden_size", r.hidden_size},

@@ -91,6 +91,7 @@ private:
 inline void print_source(std::FILE* f, const RunResult& r) {
     std::fprintf(f, "  source   %s\n", r.source.c_str());
     std::fprintf(f, "  threads  %d\n", r.threads);
+    std::fprintf(f, "  device   %s\n", r.device.c_str());
 }
 
 inline void print_header(std::FILE* f, const std::string& command, const Scenario& s, const RunResult* r) {

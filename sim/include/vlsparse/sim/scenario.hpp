@@ -616,8 +616,13 @@ inline Scenario scenario_from_json(const json& j, const std::string& file = "", 
                                       std::to_string(dump->decode_steps) + " decode rows after the prompt");
     s.seed = static_cast<std::uint64_t>(read_int(j, "seed", root, 0, std::numeric_limits<std::int64_t>::max(), 1));
     s.backend = read_string(j, "backend", root, std::string("cpu"));
-    if (s.backend != "cpu")
-        root.key("backend").fail("\"" + s.backend + "\" is not available in this build, expected \"cpu\"");
+    if (s.backend != "cpu" && s.backend != "cuda")
+        root.key("backend").fail("\"" + s.backend + "\" is not a backend, expected \"cpu\" or \"cuda\"");
+#ifndef VLSPARSE_SIM_CUDA
+    if (s.backend == "cuda")
+        root.key("backend").fail("\"cuda\" is not available in this build (configure with -Dcuda=enabled on a machine "
+                                 "with nvcc), expected \"cpu\"");
+#endif
     const json* src = find_key(j, "source");
     read_source(s, src ? *src : json::object(), root.key("source"));
     const json* pol = find_key(j, "policies");

@@ -496,8 +496,11 @@ inline SyntheticLayer synthetic_layer(const Layout& layout, const SyntheticParam
 
     // 1. Unit random parts; a video token continues its slot of the previous frame (AR(1)).
     const double b = P.video_change, a = std::sqrt(1.0 - b * b);
+    // Every row draws from its own stream, so rows are independent -- except a video row, which reads
+    // its slot's row of the previous frame: rows without one in parallel, then those in row order
+    // (the same values whatever the thread count).
     auto fill = [&](std::vector<float>& x, std::int64_t width, std::uint64_t tag) {
-        for (std::int64_t i = 0; i < n; ++i) {
+        auto row_of = [&](std::int64_t i) {
             detail::Gaussian g(detail::stream(P.seed, layer, i, tag));
             float* row = &x[static_cast<std::size_t>(i * width)];
             const std::int64_t p = S.prev[static_cast<std::size_t>(i)];
@@ -508,7 +511,14 @@ inline SyntheticLayer synthetic_layer(const Layout& layout, const SyntheticParam
                 for (std::int64_t e = 0; e < width; ++e)
                     row[e] = static_cast<float>(a * static_cast<double>(pr[e]) + b * g());
             }
-        }
+        };
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+        for (std::int64_t i = 0; i < n; ++i)
+            if (S.prev[static_cast<std::size_t>(i)] < 0) row_of(i);
+        for (std::int64_t i = 0; i < n; ++i)
+            if (S.prev[static_cast<std::size_t>(i)] >= 0) row_of(i);
     };
     fill(L.q, H * d, detail::kTagQ);
     fill(L.k, Hkv * d, detail::kTagK);
@@ -518,8 +528,12 @@ inline SyntheticLayer synthetic_layer(const Layout& layout, const SyntheticParam
     const double r4 = std::pow(static_cast<double>(d), 0.25);  // scale*q.k = (a r4)(b r4)/sqrt(d) = a b
     const double a_sink = std::sqrt(P.sink) * r4, a_heavy = std::sqrt(P.heavy) * r4;
     const double a_doc = std::sqrt(P.document) * r4, a_loc = std::sqrt(P.local) * r4;
-    std::vector<double> phi(static_cast<std::size_t>(2 * F.n_freq));
+    // Row by row, each row on its own (in parallel).
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
     for (std::int64_t i = 0; i < n; ++i) {
+        std::vector<double> phi(static_cast<std::size_t>(2 * F.n_freq));
         const auto iu = static_cast<std::size_t>(i);
         detail::locality_features(freq, &S.coord[3 * iu], phi.data());
         const bool visual = S.visual[iu] != 0;
