@@ -27,6 +27,9 @@
 #   preftorch bench/torch_prefill_bench.py (SDPA cuDNN / flash, FlexAttention with the same masks,
 #            gather + SDPA), appended                                   -> OUTDIR/prefill.csv
 #   prefreport bench/cuda_prefill_report.py                             -> OUTDIR/prefill_report.md
+#   sim      the simulator's cuda backend: the default scenario on both backends (JSON reports), then
+#            SIM_SCENARIO (default sim/scenarios/gpu_28x28_32k.json: 28 layers x 28 heads, 32K tokens,
+#            every policy, 64 decode steps) on the GPU, timed           -> OUTDIR/sim.log, sim-*.json
 # (the output of bench, torch and report -> OUTDIR/bench.log), then a short summary on stdout, also
 # appended to OUTDIR/device.txt; the exit status is 1 when any step failed. At most 11 files.
 #
@@ -40,7 +43,7 @@
 # default 1200), SELECT_BENCH_ARGS (cuda_select_bench, e.g. "--quick"), SELECT_TORCH_ARGS
 # (torch_select_bench.py, e.g. "--n 8192,16384"), PREFILL_BENCH_ARGS (cuda_prefill_bench, e.g.
 # "--quick"), PREFILL_TORCH_ARGS (torch_prefill_bench.py, e.g. "--n 8192,16384"), PYTHON (python3).
-# The prefill steps run only when named in STEPS.
+# The prefill steps and sim run only when named in STEPS (bench/run_gpu.sh names every step).
 set -uo pipefail
 if [ $# -ne 1 ]; then
   echo "usage: bash bench/run_cuda.sh OUTDIR" >&2
@@ -62,7 +65,7 @@ tmo=${STEP_TIMEOUT:-1200}
 python=${PYTHON:-python3}
 summary=()
 failed=0
-rm -f "$out"/{device.txt,build.log,cuda-tests.log,memcheck.log,bench.log,report.md,select.csv,select_report.md,prefill.csv,prefill_report.md}
+rm -f "$out"/{device.txt,build.log,cuda-tests.log,memcheck.log,bench.log,report.md,select.csv,select_report.md,prefill.csv,prefill_report.md,sim.log,sim-default-cpu.json,sim-default-cuda.json,sim-full.json}
 
 export bdir arch out python
 # step NAME LOG COMMAND...: runs COMMAND, a program or a function of this script (output to LOG,
@@ -103,7 +106,7 @@ if want device; then
     echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
     # Which sources ran (a copy of a working tree may carry a stale .git): compare with the same
     # command run in the checkout that was sent.
-    echo "cuda sources sha256: $(find cuda/include tests/cuda bench/cuda_decode_bench.cu bench/cuda_select_bench.cu -type f | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)"
+    echo "cuda sources sha256: $(find cuda/include tests/cuda bench/cuda_decode_bench.cu bench/cuda_select_bench.cu sim/cuda_backend.cu sim/include -type f | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)"
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1
     nvidia-smi -q 2>&1 | sed -n '1,12p'
     echo "nvcc: $(nvcc --version 2>&1 | tail -n 2 | head -n 1)"
@@ -222,6 +225,26 @@ fi
 
 if want prefreport; then
   step prefreport "$out/bench.log" "$python" bench/cuda_prefill_report.py "$out/prefill.csv" --out "$out/prefill_report.md"
+fi
+
+if want sim; then
+  if [ -x "$bdir/sim/vlsparse-sim" ]; then
+    run_sim() {
+      local sim="$bdir/sim/vlsparse-sim" rc=0
+      "$sim" run --backend cpu --no-sweep --no-html --quiet --json "$out/sim-default-cpu.json" || rc=$?
+      "$sim" run --backend cuda --no-sweep --no-html --quiet --json "$out/sim-default-cuda.json" || rc=$?
+      local t0 t1
+      t0=$(date +%s%N)
+      "$sim" run "${SIM_SCENARIO:-sim/scenarios/gpu_28x28_32k.json}" --no-sweep --no-html --quiet \
+        --json "$out/sim-full.json" ${SIM_ARGS:-} || rc=$?
+      t1=$(date +%s%N)
+      echo "full-size scenario: $(( (t1 - t0) / 1000000 )) ms wall, process start to exit"
+      return $rc
+    }
+    step sim "$out/sim.log" run_sim
+  else
+    skip sim "no vlsparse-sim in $bdir (built with the cuda targets)"
+  fi
 fi
 
 {

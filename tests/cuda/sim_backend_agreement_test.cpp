@@ -1,0 +1,128 @@
+// The simulator's two backends on one scenario (suite cuda, needs a GPU): the default scenario's
+// policies on a small GQA model, once on the cpu backend with every input rounded to bf16 (the values
+// the cuda backend computes on) and once on the cuda backend. Checked per policy and layer:
+// - the positions each layer's cache keeps after the prefill are the same sets, except for positions
+//   whose scores the two backends order differently at the cut: the GPU sums scores in fp32, the CPU in
+//   double, so a near-tie can fall either way (the synthetic scores of an image are close to flat:
+//   on the H100, 2026-11-25, up to 16 of 2808 ZipVL positions, 10 of 1336 SnapKV, 4 of 334 H2O). The test
+//   allows kTieShare of the kept positions of a layer, at least kTieMin, to differ and prints every
+//   difference it saw (a wrong selection differs by far more);
+// - kept ratio, attention mass (prefill and decode) and the NMSEs against each backend's own dense
+//   run within the tolerances below: the GPU rounds P to bf16 before P V (a relative error of 2^-9 per
+//   probability), so an NMSE carries an absolute floor of about 1e-6 on top of the policy's own error.
+// Compiled by g++ (it drives the engine, which is C++ with the SIMD path) and linked with the cuda
+// backend's library; main: tests/cuda/main_cuda.cpp (exit 77 = SKIP without a usable GPU).
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <set>
+#include <string>
+
+#include <vlsparse/sim/engine.hpp>
+
+using namespace vlsparse;
+using namespace vlsparse::sim;
+
+namespace {
+
+constexpr double kTieShare = 0.02;    // kept positions of a layer allowed to differ (near-ties at the cut) ...
+constexpr double kTieMin = 6;         // ... at least this many (three swapped pairs)
+constexpr double kMassTol = 2e-3;     // attention mass, absolute (a mass is in [0, 1])
+constexpr double kNmseRel = 0.05;     // NMSE, relative ...
+constexpr double kNmseAbs = 1e-5;     // ... plus this absolute floor (bf16 rounding of P)
+
+Scenario small_scenario(std::int64_t heads, std::int64_t kv_heads) {
+    json j = json::parse(default_scenario_text());
+    j["model"] = {{"layers", 4}, {"heads", heads}, {"kv_heads", kv_heads}, {"head_dim", 128}};
+    j["layout"] = "text:20,image:256,text:9,image:256,text:17";
+    j["decode_steps"] = 8;
+    return scenario_from_json(j, "agreement");
+}
+
+bool close_nmse(double a, double b) { return std::abs(a - b) <= kNmseRel * std::max(a, b) + kNmseAbs; }
+
+std::size_t differing(const TokenSelection& a, const TokenSelection& b, std::int64_t Hkv, std::size_t& kept) {
+    std::size_t diff = 0;
+    kept = 0;
+    for (std::int64_t g = 0; g < Hkv; ++g) {
+        const auto x = a.for_kv_head(g), y = b.for_kv_head(g);
+        std::vector<std::int64_t> sym;
+        std::set_symmetric_difference(x.begin(), x.end(), y.begin(), y.end(), std::back_inserter(sym));
+        diff += sym.size();
+        kept += std::max(x.size(), y.size());
+    }
+    return diff;
+}
+
+}  // namespace
+
+TEST_CASE("sim backends: cpu (bf16-rounded inputs) and cuda agree on every policy", "[cuda][sim]") {
+    for (const auto& [H, Hkv] : {std::pair<std::int64_t, std::int64_t>{8, 2}, {8, 8}}) {
+        const Scenario s = small_scenario(H, Hkv);
+        EngineOptions cpu_opt;
+        cpu_opt.backend = "cpu";
+        cpu_opt.cpu_round_bf16 = true;
+        cpu_opt.keep_kept_sets = true;
+        EngineOptions gpu_opt;
+        gpu_opt.backend = "cuda";
+        gpu_opt.keep_kept_sets = true;
+        const RunResult c = run_scenario(s, cpu_opt);
+        const RunResult g = run_scenario(s, gpu_opt);
+        REQUIRE(c.backend == "cpu");
+        REQUIRE(g.backend == "cuda");
+        REQUIRE(c.runs.size() == g.runs.size());
+        std::printf("H %lld, H_kv %lld (%s):\n", static_cast<long long>(H), static_cast<long long>(Hkv), g.device.c_str());
+        std::printf("  %-14s %9s %9s %11s %11s %11s %11s %9s %9s\n", "policy", "kept cpu", "kept gpu", "pnmse cpu",
+                    "pnmse gpu", "dnmse cpu", "dnmse gpu", "mass cpu", "mass gpu");
+        for (std::size_t i = 0; i < c.runs.size(); ++i) {
+            const PolicyResult& a = c.runs[i];
+            const PolicyResult& b = g.runs[i];
+            INFO("policy " << a.label << ", H " << H << ", H_kv " << Hkv);
+            REQUIRE(a.label == b.label);
+            std::printf("  %-14s %9.4f %9.4f %11.3e %11.3e %11.3e %11.3e %9.4f %9.4f\n", a.label.c_str(), a.kept_ratio(),
+                        b.kept_ratio(), a.prefill_nmse(), b.prefill_nmse(), a.decode_nmse(), b.decode_nmse(),
+                        a.mass_prefill(), b.mass_prefill());
+            REQUIRE(a.kept_sets.size() == b.kept_sets.size());
+            for (std::size_t l = 0; l < a.kept_sets.size(); ++l) {
+                std::size_t kept = 0;
+                const std::size_t diff = differing(a.kept_sets[l], b.kept_sets[l], Hkv, kept);
+                if (diff > 0)
+                    std::printf("    layer %zu: %zu of %zu kept positions differ (near-ties at the cut)\n", l, diff, kept);
+                CHECK(static_cast<double>(diff) <= std::max(kTieMin, kTieShare * static_cast<double>(kept)));
+            }
+            for (std::size_t l = 0; l < a.layers.size(); ++l) {
+                INFO("layer " << l);
+                const LayerMetrics& x = a.layers[l];
+                const LayerMetrics& y = b.layers[l];
+                CHECK(x.prefill_kind == y.prefill_kind);
+                CHECK(x.rows == y.rows);
+                CHECK(std::abs(x.kept_ratio - y.kept_ratio) <= kTieShare);
+                CHECK(std::abs(x.mass_prefill - y.mass_prefill) <= kMassTol);
+                CHECK(std::abs(x.mass_decode - y.mass_decode) <= kMassTol);
+                CHECK(close_nmse(x.prefill_err.value(), y.prefill_err.value()));
+                CHECK(close_nmse(x.decode_err.value(), y.decode_err.value()));
+                CHECK(x.prefill_pairs == Approx(y.prefill_pairs).epsilon(kTieShare));
+            }
+        }
+    }
+}
+
+TEST_CASE("sim backends: the cuda backend's errors", "[cuda][sim]") {
+    // A-VL's text budget with groups per query head is not on the GPU: a clear error naming the policy.
+    json j = json::parse(default_scenario_text());
+    j["model"] = {{"layers", 2}, {"heads", 4}, {"kv_heads", 2}, {"head_dim", 128}};
+    j["layout"] = "text:8,image:64,text:8";
+    j["decode_steps"] = 2;
+    j["policies"] = json::array({{{"name", "avl"}, {"params", {{"text_rate", 0.5}, {"text_groups", "per_query_head"}}}}});
+    const Scenario s = scenario_from_json(j, "errors");
+    EngineOptions o;
+    o.backend = "cuda";
+    REQUIRE_THROWS_WITH(run_scenario(s, o), Catch::Contains("policy 'avl'") && Catch::Contains("per_query_head") &&
+                                                Catch::Contains("cpu backend"));
+    // head_dim 96: the prefill kernels take 64 and 128; the error names the head dim.
+    j["policies"] = json::array({{{"name", "zipvl"}, {"params", json::object()}}});
+    j["model"]["head_dim"] = 96;
+    REQUIRE_THROWS_WITH(run_scenario(scenario_from_json(j, "errors"), o), Catch::Contains("96"));
+}
