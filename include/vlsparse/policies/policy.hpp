@@ -91,9 +91,20 @@ concept DecodePolicy = requires(P& p, std::int64_t layer, std::int64_t step, con
 template <class P>
 concept Policy = PrefillPolicy<P> && DecodePolicy<P>;
 
-// Defaults a policy can inherit: no decode behaviour (read everything cached, never evict).
+// Optional: whether decode_observe(layer, step, ...) will read its `attn` argument. An engine may skip
+// computing the step's probabilities when it returns false (and pass empty vectors); a policy without
+// this member is asked for them every step.
+template <class P>
+concept AttentionAwarePolicy = requires(const P& cp, std::int64_t layer, std::int64_t step) {
+    { cp.decode_wants_attention(layer, step) } -> std::convertible_to<bool>;
+};
+
+// Defaults a policy can inherit: no decode behaviour (read everything cached, never evict, no use for
+// the step's attention). A policy that inherits it and reads `attn` in its own decode_observe says so
+// in its own decode_wants_attention.
 struct DecodeReadsAll {
     TokenSelection decode_read(std::int64_t, std::int64_t, const TokenSelection& cached) const { return cached; }
+    bool decode_wants_attention(std::int64_t, std::int64_t) const { return false; }
     std::optional<TokenSelection> decode_observe(std::int64_t, std::int64_t, const TokenSelection&,
                                                  std::span<const std::vector<double>>) {
         return std::nullopt;
@@ -234,6 +245,10 @@ public:
                                                  std::span<const std::vector<double>> attn) {
         return get().decode_observe(layer, step, read, attn);
     }
+    // The held policy's decode_wants_attention, or true when it has none (AttentionAwarePolicy).
+    bool decode_wants_attention(std::int64_t layer, std::int64_t step) const {
+        return get().decode_wants_attention(layer, step);
+    }
 
     // The held policy when it is a P, else nullptr.
     template <class P>
@@ -257,6 +272,7 @@ private:
         virtual TokenSelection decode_read(std::int64_t, std::int64_t, const TokenSelection&) = 0;
         virtual std::optional<TokenSelection> decode_observe(std::int64_t, std::int64_t, const TokenSelection&,
                                                              std::span<const std::vector<double>>) = 0;
+        virtual bool decode_wants_attention(std::int64_t, std::int64_t) const = 0;
     };
     template <class P>
     struct Model final : Concept {
@@ -275,6 +291,10 @@ private:
         std::optional<TokenSelection> decode_observe(std::int64_t l, std::int64_t t, const TokenSelection& r,
                                                      std::span<const std::vector<double>> a) override {
             return p.decode_observe(l, t, r, a);
+        }
+        bool decode_wants_attention(std::int64_t l, std::int64_t t) const override {
+            if constexpr (AttentionAwarePolicy<P>) return p.decode_wants_attention(l, t);
+            else return true;
         }
     };
     Concept& get() const {
@@ -389,6 +409,13 @@ struct AvlPolicy {
             begun_[static_cast<std::size_t>(layer)] = step;
         }
         return intersect_selections(s.positions(step, cached.n), cached);
+    }
+    // The attention re-ranks the core set after a refresh step only.
+    bool decode_wants_attention(std::int64_t layer, std::int64_t step) const {
+        if (layer < 0 || static_cast<std::size_t>(layer) >= schedules_.size() || !ready_[static_cast<std::size_t>(layer)])
+            return true;  // decode_observe reports the error
+        const DecodeSchedule& s = schedules_[static_cast<std::size_t>(layer)];
+        return s.splits() && s.is_refresh(step);
     }
     std::optional<TokenSelection> decode_observe(std::int64_t layer, std::int64_t step, const TokenSelection& read,
                                                  std::span<const std::vector<double>> attn) {
@@ -655,6 +682,7 @@ struct StreamingLLMPolicy {
         }
         return r;
     }
+    bool decode_wants_attention(std::int64_t, std::int64_t) const { return false; }  // evicts by position only
     std::optional<TokenSelection> decode_observe(std::int64_t layer, std::int64_t, const TokenSelection& read,
                                                  std::span<const std::vector<double>>) {
         LayerState& st = state(layer, "StreamingLLMPolicy::decode_observe");
