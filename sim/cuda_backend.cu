@@ -131,14 +131,18 @@ void upload_bf16(const float* host, long long n, Buf<float>& staging, bfloat16* 
 struct DeviceLists {
     std::vector<std::int32_t> indptr;
     Buf<std::int32_t> indptr_dev, indices_dev;
-    void upload(const std::vector<std::vector<std::int64_t>>& lists, std::size_t copies = 1) {
+    std::vector<std::int32_t> all;
+    void upload(const std::vector<std::vector<std::int64_t>>& lists) {
         indptr.assign(1, 0);
-        std::vector<std::int32_t> all;
-        for (std::size_t c = 0; c < copies; ++c)
-            for (const auto& l : lists) {
-                for (auto x : l) all.push_back(static_cast<std::int32_t>(x));
-                indptr.push_back(static_cast<std::int32_t>(all.size()));
-            }
+        std::size_t total = 0;
+        for (const auto& l : lists) total += l.size();
+        all.resize(total);
+        std::size_t o = 0;
+        for (const auto& l : lists) {
+            for (std::size_t i = 0; i < l.size(); ++i) all[o + i] = static_cast<std::int32_t>(l[i]);
+            o += l.size();
+            indptr.push_back(static_cast<std::int32_t>(o));
+        }
         check(cudaMemcpy(indptr_dev.get(indptr.size()), indptr.data(), indptr.size() * sizeof(std::int32_t),
                          cudaMemcpyHostToDevice),
               "cudaMemcpy");
@@ -274,7 +278,7 @@ public:
     PrefillScoring* scoring() override { return &scoring_; }
 
     double dense_prefill() override {
-        Timer t;
+        Timer& t = timer_;
         t.start();
         ::vlsparse::cuda::dense_prefill_attention(qv(), kv(), vv(), ov(), prefill_opt());
         return t.stop();
@@ -285,7 +289,7 @@ public:
                                                     lists_.indptr_dev.a.data(), lists_.indices_dev.a.data()};
         ::vlsparse::cuda::PrefillOptions opt = prefill_opt();
         opt.check_inputs = true;
-        Timer t;
+        Timer& t = timer_;
         t.start();
         ::vlsparse::cuda::sparse_prefill_attention(qv(), kv(), vv(), dl, ov(), unselected, opt);
         return t.stop();
@@ -294,7 +298,7 @@ public:
         require(mask.n == m_, kFn, "the policy's mask covers ", mask.n, " rows, the layer has ", m_);
         const ::vlsparse::cuda::MaskedPrefillPlan plan(mask.context, std::span<const MaskTemplate>(mask.head_template),
                                                        shape_.kv_heads);
-        Timer t;
+        Timer& t = timer_;
         t.start();
         ::vlsparse::cuda::masked_prefill_attention(plan, qv(), kv(), vv(), ov(), prefill_opt());
         return t.stop();
@@ -353,7 +357,8 @@ public:
         return mass;
     }
 
-    SimDecode decode(SimCache& c, const float* q, const TokenSelection& read, bool want_group_mass) override {
+    SimDecode decode(SimCache& c, const float* q, const TokenSelection& read, bool want_attention,
+                     bool want_group_mass) override {
         auto& cache = static_cast<CudaCache&>(c);
         const std::int64_t H = shape_.heads, Hkv = shape_.kv_heads, d = shape_.head_dim, grp = H / Hkv;
         for (std::size_t g = 0; g < read.groups(); ++g)
@@ -368,17 +373,19 @@ public:
         SimDecode r;
         r.out.resize(static_cast<std::size_t>(H * d));
         std::vector<float> probs;
-        r.seconds = run_decode(q1_.a.data(), cache.k(), cache.v(), cache.seq_len(), cache.capacity(), lists, true,
-                               &r.out, &probs);
+        r.seconds = run_decode(q1_.a.data(), cache.k(), cache.v(), cache.seq_len(), cache.capacity(), lists,
+                               want_attention || want_group_mass, &r.out, &probs);
         // attn: per read list, the mean over the heads that read it.
-        r.attn.resize(read.groups());
-        if (expand) {
+        if (!want_attention) {
+        } else if (expand) {
+            r.attn.resize(1);
             const std::size_t L = read.indices[0].size();
             r.attn[0].assign(L, 0.0);
             for (std::int64_t g = 0; g < Hkv; ++g)
                 for (std::size_t i = 0; i < L; ++i) r.attn[0][i] += probs[static_cast<std::size_t>(g) * L + i];
             for (auto& a : r.attn[0]) a /= static_cast<double>(Hkv);
         } else {
+            r.attn.resize(read.groups());
             std::size_t off = 0;
             for (std::size_t g = 0; g < read.groups(); ++g) {
                 const std::size_t L = read.indices[g].size();
@@ -447,7 +454,7 @@ private:
         ::vlsparse::cuda::DecodeOptions opt;
         opt.check_inputs = false;
         opt.check_finite = true;
-        Timer t;
+        Timer& t = timer_;
         t.start();
         ::vlsparse::cuda::batched_decode_attention(plan_, View3<const bfloat16>(q, {1, H, d}), cache, rl,
                                                    View3<float>(o, {1, H, d}), opt, nullptr, p);
@@ -477,6 +484,7 @@ private:
     std::vector<float> out_host_;
     DeviceLists lists_, dlists_;
     ::vlsparse::cuda::DecodePlan plan_;
+    Timer timer_;
     CudaScoring scoring_;
 };
 

@@ -363,6 +363,31 @@ TEST_CASE("policy: AnyPolicy forwards to the held policy and copies it", "[polic
     REQUIRE(moved.name() == "dense");
 }
 
+TEST_CASE("policy: decode_wants_attention says when decode_observe reads the attention", "[policy]") {
+    const auto p = make_prompt(kSpec, {2, 4, 2, 16}, vt::base_seed() + 51);
+    AvlParams A;
+    A.refresh_every = 3;
+    std::vector<AnyPolicy> pols = {DensePolicy{}, ZipVLPolicy{}, AvlPolicy(A), H2OPolicy{}, StreamingLLMPolicy{},
+                                   SnapKVPolicy{}};
+    for (auto& pol : pols) (void)run_prefill(pol, p);
+    for (std::int64_t t = 0; t < 7; ++t) {
+        INFO("step " << t);
+        CHECK_FALSE(pols[0].decode_wants_attention(0, t));  // DecodeReadsAll
+        CHECK_FALSE(pols[1].decode_wants_attention(1, t));
+        CHECK(pols[2].decode_wants_attention(0, t) == (t % 3 == 0));  // A-VL: refresh steps re-rank the core set
+        CHECK(pols[3].decode_wants_attention(1, t));                  // H2O (no member): every step
+        CHECK_FALSE(pols[4].decode_wants_attention(0, t));            // StreamingLLM evicts by position
+        CHECK_FALSE(pols[5].decode_wants_attention(0, t));
+    }
+    static_assert(AttentionAwarePolicy<AvlPolicy> && AttentionAwarePolicy<DensePolicy>);
+    static_assert(!AttentionAwarePolicy<H2OPolicy>);
+    // A-VL without a split schedule (K = 0: every step reads every kept row) never re-ranks.
+    A.refresh_every = 0;
+    AnyPolicy flat = AvlPolicy(A);
+    (void)run_prefill(flat, p);
+    CHECK_FALSE(flat.decode_wants_attention(0, 0));
+}
+
 TEST_CASE("policy: bad prefill input is a clear error", "[policy][errors]") {
     const auto p = make_prompt(kSpec, {2, 4, 2, 16}, vt::base_seed() + 60);
     DensePolicy pol;

@@ -33,9 +33,11 @@ fs::path export_temp_dir(const std::string& tag) {
 
 // A run's report without the wall-clock fields (everything else must be identical).
 json without_times(json run) {
-    for (const char* k : {"wall_s", "attention_s", "gflops"}) run["summary"].erase(k);
+    for (const char* k : {"wall_s", "attention_s", "gflops", "prefill_attention_s", "decode_attention_s", "prefill_tflops",
+                          "decode_gbps"})
+        run["summary"].erase(k);
     for (auto& L : run["layers"])
-        for (const char* k : {"decide_s", "attention_s", "other_s"}) L.erase(k);
+        for (const char* k : {"decide_s", "attention_s", "other_s", "prefill_attention_s", "decode_attention_s"}) L.erase(k);
     return run;
 }
 

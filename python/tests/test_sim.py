@@ -47,7 +47,7 @@ def test_default_scenario():
 def without_times(x):
     """The report without what differs between two runs of one scenario: times, rates and thread counts."""
     if isinstance(x, dict):
-        return {k: without_times(v) for k, v in x.items() if not k.endswith("_s") and k not in ("threads", "gflops")}
+        return {k: without_times(v) for k, v in x.items() if not k.endswith("_s") and k not in ("threads", "gflops", "prefill_tflops", "decode_gbps")}
     if isinstance(x, list):
         return [without_times(v) for v in x]
     return x

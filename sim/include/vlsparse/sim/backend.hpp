@@ -13,8 +13,9 @@
 //                                   output of the run; keep_as_reference() after the dense run's
 //   prefill_error(seq, computed)    || out - ref ||^2 and || ref ||^2 over the outputs the run computed
 //   cache->fill(seq, n), cache->keep(sel)
-// Decode step: cache->append(k, v); decode(cache, q, read, want_group_mass) -> out [H, d], the head-mean
-// probabilities per read list, optionally the per-KV-group probability mass per position.
+// Decode step: cache->append(k, v); decode(cache, q, read, want_attention, want_group_mass) -> out [H, d],
+// optionally the head-mean probabilities per read list (for policies that read them) and the per-KV-group
+// probability mass per position (the dense run's, for the mass metrics).
 // Include: <vlsparse/sim/backend.hpp>
 #pragma once
 
@@ -71,7 +72,8 @@ struct SimRows {
 // One decode step's results.
 struct SimDecode {
     std::vector<float> out;                        // [H, d]
-    std::vector<std::vector<double>> attn;         // per read list: mean over the heads that read it
+    std::vector<std::vector<double>> attn;         // with want_attention: per read list, the mean over the
+                                                   // heads that read it (else empty)
     std::vector<std::vector<double>> group_mass;   // with want_group_mass: [H_kv][seq_len], sum over the
                                                    // group's heads of P at each position read (0 elsewhere)
     double seconds = 0.0;                          // the attention's time (GPU: the kernels' own)
@@ -106,7 +108,8 @@ public:
     virtual std::vector<std::vector<double>> last_row_mass() = 0;
 
     // One decode token q [H, d] (host fp32) over the positions `read` (per KV head or shared) of the cache.
-    virtual SimDecode decode(SimCache& cache, const float* q, const TokenSelection& read, bool want_group_mass) = 0;
+    virtual SimDecode decode(SimCache& cache, const float* q, const TokenSelection& read, bool want_attention,
+                             bool want_group_mass) = 0;
 };
 
 // make_backend(name): sim/cpu_backend.hpp.

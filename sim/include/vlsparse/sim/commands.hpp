@@ -178,6 +178,8 @@ inline int cmd_run(Args& a) {
     print_source(stdout, r);
     std::printf("\n");
     print_run_table(stdout, s, r);
+    std::printf("\n");
+    print_time_table(stdout, s, r);
     if (o.per_layer) print_layer_tables(stdout, s, r);
     r.purekv.print(stdout);
     std::printf("\nwall time %.2f s (%d thread(s)); ratios are against the dense run (first row); docs/simulator.md "

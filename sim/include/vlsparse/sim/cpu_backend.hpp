@@ -123,7 +123,8 @@ public:
         return mass;
     }
 
-    SimDecode decode(SimCache& c, const float* q, const TokenSelection& read, bool want_group_mass) override {
+    SimDecode decode(SimCache& c, const float* q, const TokenSelection& read, bool want_attention,
+                     bool want_group_mass) override {
         const auto& cache = static_cast<CpuCache&>(c).kv();
         const std::int64_t H = shape_.heads, Hkv = shape_.kv_heads, d = shape_.head_dim, grp = H / Hkv;
         const CacheRows rows = rows_for_positions(cache, read);
@@ -138,8 +139,8 @@ public:
         simd::indexed_decode_attention(View2<const float>(q, {H, d}), cache, rows, View2<float>(r.out.data(), {H, d}),
                                        View2<float>(probs.data(), {H, static_cast<std::int64_t>(L)}));
         r.seconds = detail::seconds_since(t0);
-        r.attn.resize(read.groups());
-        for (std::size_t g = 0; g < read.groups(); ++g) {
+        if (want_attention) r.attn.resize(read.groups());
+        for (std::size_t g = 0; g < r.attn.size(); ++g) {
             const auto len = read.indices[g].size();
             r.attn[g].assign(len, 0.0);
             const std::int64_t h0 = read.shared() ? 0 : static_cast<std::int64_t>(g) * grp;

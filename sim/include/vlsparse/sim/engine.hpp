@@ -232,7 +232,7 @@ inline std::vector<std::int64_t> prefill_step(Run& r, const Scenario& s, std::in
     try {
         if (dec.mask) {
             M.prefill_kind = "masked";
-            M.attention_s += be.masked_prefill(*dec.mask);
+            M.prefill_attention_s += be.masked_prefill(*dec.mask);
             double pairs[4] = {-1, -1, -1, -1};
             double total = 0.0;
             for (const auto t : dec.mask->head_template) {
@@ -252,7 +252,7 @@ inline std::vector<std::int64_t> prefill_step(Run& r, const Scenario& s, std::in
                     rl.push_back(std::lower_bound(r.seq.begin(), r.seq.end(), p) - r.seq.begin());
                 rows.indices.push_back(std::move(rl));
             }
-            M.attention_s += be.sparse_prefill(rows, dec.unselected);
+            M.prefill_attention_s += be.sparse_prefill(rows, dec.unselected);
             double pairs = 0.0;
             for (std::int64_t h = 0; h < H; ++h) {
                 const auto T = rows.for_kv_head(h / grp);
@@ -271,12 +271,13 @@ inline std::vector<std::int64_t> prefill_step(Run& r, const Scenario& s, std::in
             }
         } else {
             M.prefill_kind = "dense";
-            M.attention_s += be.dense_prefill();
+            M.prefill_attention_s += be.dense_prefill();
             M.prefill_pairs = static_cast<double>(H) * static_cast<double>(m) * static_cast<double>(m + 1) / 2.0;
         }
     } catch (const ::vlsparse::error& e) {
         policy_fail(r, l, e.what());
     }
+    M.attention_s = M.prefill_attention_s;  // the layer's prefill runs once, before its decode steps
     M.dense_prefill_pairs = static_cast<double>(H) * static_cast<double>(n) * static_cast<double>(n + 1) / 2.0;
 
     // The cache: the rows at their positions, then the policy's kept set.
@@ -342,16 +343,19 @@ inline void decode_step(Run& r, const Scenario& s, std::int64_t l, std::int64_t 
         if (read.groups() != 1 && static_cast<std::int64_t>(read.groups()) != Hkv)
             throw ::vlsparse::error("decode_read", "returned " + std::to_string(read.groups()) + " lists, expected 1 or " +
                                                        std::to_string(Hkv));
-        check_read_positions(cache, read);
+        if (read.indices != cached.indices) check_read_positions(cache, read);  // `cached` holds by construction
     } catch (const ::vlsparse::error& e) {
         policy_fail(r, l, "decode step " + std::to_string(t) + ": the positions read: " + e.what());
     }
     try {
-        dec = be.decode(cache, q, read, fill != nullptr);
+        dec = be.decode(cache, q, read, r.p.policy.decode_wants_attention(l, t), fill != nullptr);
     } catch (const ::vlsparse::error& e) {
         policy_fail(r, l, "decode step " + std::to_string(t) + ": " + e.what());
     }
     M.attention_s += dec.seconds;
+    M.decode_attention_s += dec.seconds;
+    for (std::int64_t g = 0; g < Hkv; ++g)
+        M.decode_kv_bytes += static_cast<double>(read.for_kv_head(g).size()) * static_cast<double>(d * 2 * cache.element_bytes());
     r.out = std::move(dec.out);
     const std::vector<std::vector<double>>& attn = dec.attn;
     t0 = clock::now();
@@ -404,6 +408,9 @@ inline void finish_layer(Run& r, const Scenario& s, std::int64_t l, const SimCac
 // Gathers rows `seq` of a [rows, width] buffer.
 inline std::vector<float> gather_rows(const std::vector<float>& src, std::span<const std::int64_t> seq, std::int64_t width) {
     std::vector<float> out(seq.size() * static_cast<std::size_t>(width));
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (seq.size() * static_cast<std::size_t>(width) > (1u << 20))
+#endif
     for (std::size_t i = 0; i < seq.size(); ++i)
         std::copy_n(src.data() + seq[i] * width, width, out.data() + i * static_cast<std::size_t>(width));
     return out;

@@ -67,7 +67,10 @@ struct LayerMetrics {
     double mass_prefill = 0.0;
     double mass_decode = 0.0;          // mean over steps
     double decide_s = 0.0;             // time inside the policy (prefill decision, decode_read/observe)
-    double attention_s = 0.0;          // time in the attention kernels
+    double attention_s = 0.0;          // time in the attention kernels (prefill + decode)
+    double prefill_attention_s = 0.0;  // of it: the prefill's (GPU: the kernels' own time, CUDA events)
+    double decode_attention_s = 0.0;   // of it: the decode steps'
+    double decode_kv_bytes = 0.0;      // bytes of K and V the decode steps read (rows read x d x 2 x element size)
     double other_s = 0.0;              // cache fills, evictions, gathers
     std::string prefill_kind;          // "dense", "token-sparse", "masked"
     std::vector<float> kept_bins;      // kept share per position bin after the prefill (pictures)
@@ -136,6 +139,17 @@ struct PolicyResult {
         return sum(&LayerMetrics::decide_s) + sum(&LayerMetrics::attention_s) + sum(&LayerMetrics::other_s);
     }
     double attention_s() const { return sum(&LayerMetrics::attention_s); }
+    double prefill_attention_s() const { return sum(&LayerMetrics::prefill_attention_s); }
+    double decode_attention_s() const { return sum(&LayerMetrics::decode_attention_s); }
+    // Prefill attention TF/s on the pairs computed (4 d per pair); decode GB/s of K and V read.
+    double prefill_tflops(std::int64_t head_dim) const {
+        const double t = prefill_attention_s();
+        return t > 0 ? 4.0 * static_cast<double>(head_dim) * sum(&LayerMetrics::prefill_pairs) / t * 1e-12 : 0.0;
+    }
+    double decode_gbps() const {
+        const double t = decode_attention_s();
+        return t > 0 ? sum(&LayerMetrics::decode_kv_bytes) / t * 1e-9 : 0.0;
+    }
     // Attention FLOPs actually computed (4 d pairs), given the head dimension.
     double attention_flops(std::int64_t head_dim) const {
         return 4.0 * static_cast<double>(head_dim) * (sum(&LayerMetrics::prefill_pairs) + sum(&LayerMetrics::decode_pairs));

@@ -238,6 +238,38 @@ inline std::string report_html(const std::string& command, const Scenario& s, co
              "pair); a policy's own scoring (probes, last-row scores) is in its wall time, not here.</figcaption></figure>\n";
     }
 
+    // ---- attention time on the backend
+    if (!runs.empty()) {
+        h += "<h2>Attention time on " + esc(r.device) + "</h2>\n";
+        const PolicyResult& dense = runs[0];
+        auto speedup = [](double dense_s, double t) { return t > 0 ? text::fix(dense_s / t, 2) + "x" : std::string("-"); };
+        std::vector<std::vector<std::string>> rows;
+        for (const auto& p : runs)
+            rows.push_back({p.label, text::fix(1e3 * p.prefill_attention_s(), 2), text::fix(p.prefill_tflops(s.model.head_dim), 1),
+                            speedup(dense.prefill_attention_s(), p.prefill_attention_s()),
+                            dec ? text::fix(1e3 * p.decode_attention_s(), 2) : "-", dec ? text::fix(p.decode_gbps(), 1) : "-",
+                            dec ? speedup(dense.decode_attention_s(), p.decode_attention_s()) : "-"});
+        h += detail::html_table({"policy", "prefill attention (ms)", "prefill TF/s", "prefill x dense",
+                                 "decode attention (ms)", "decode GB/s", "decode x dense"},
+                                rows);
+        h += "<p class=\"note\">The attention's own time over all layers (on a GPU the kernels' time, by CUDA events): "
+             "TF/s on the (query, key) pairs computed (4 d FLOPs per pair), GB/s of the K and V rows the decode steps "
+             "read; x dense = the dense run's time over the policy's.</p>\n";
+        const double L = static_cast<double>(std::max<std::size_t>(dense.layers.size(), 1));
+        svg::ChartOptions o;
+        o.xlabel = "layer";
+        o.integer_x = true;
+        o.ylabel = "ms";
+        o.y_min = 0;
+        h += multiples("Prefill attention time per layer (ms)",
+                       [](const LayerMetrics& x) { return 1e3 * x.prefill_attention_s; }, o,
+                       "Dense: " + text::fix(1e3 * dense.prefill_attention_s() / L, 2) + " ms per layer on average.");
+        if (dec)
+            h += multiples("Decode attention time per layer, all steps (ms)",
+                           [](const LayerMetrics& x) { return 1e3 * x.decode_attention_s; }, o,
+                           "Dense: " + text::fix(1e3 * dense.decode_attention_s() / L, 2) + " ms per layer on average.");
+    }
+
     // ---- fidelity against budget (run with the sweep: the first section has the curves)
     if (!first_screen.empty())
         h += "<h2>Fidelity against budget</h2>\n<p>Curves per policy, the Pareto front and the best policy at each budget: "
@@ -399,6 +431,8 @@ inline std::string report_html(const std::string& command, const Scenario& s, co
          "of KL(p_dense || p) between the LM head's softmax distributions, in nats.</dd>\n"
          "<dt>time, GFLOP/s</dt><dd>Wall time spent on the policy (its decisions, attention, cache updates); attention "
          "FLOPs (4 d per pair) divided by the time inside the attention kernels.</dd>\n"
+         "<dt>attention time, TF/s, GB/s</dt><dd>The prefill and decode attention's own time over all layers (CUDA "
+         "events on the cuda backend); prefill TF/s on the pairs computed, decode GB/s of the K and V rows read.</dd>\n"
          "</dl>\n<p>docs/simulator.md has the full definitions.</p>\n</body></html>\n";
     return h;
 }

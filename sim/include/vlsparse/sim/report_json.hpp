@@ -10,13 +10,15 @@
 //              "summary": {"kept_ratio", "prefill_flops_ratio", "decode_flops_ratio", "flops_ratio",
 //                          "kv_ratio_prefill", "kv_ratio_end", "prefill_nmse", "decode_nmse",
 //                          "mass_prefill", "mass_decode", "wall_s", "attention_s", "attention_flops",
-//                          "gflops", ["final_hidden_nmse", "token_agreement", "tokens_agree", "tokens",
+//                          "gflops", "prefill_attention_s", "decode_attention_s", "prefill_tflops",
+//                          "decode_gbps", ["final_hidden_nmse", "token_agreement", "tokens_agree", "tokens",
 //                          "kl_to_dense"]},
 //              "layers": [{"layer", "rows", "prefill_kind", "kept_ratio", "kept_ratio_end",
 //                          "prefill_pairs", "dense_prefill_pairs", "decode_pairs", "dense_decode_pairs",
 //                          "kv_bytes_prefill", "kv_bytes_end", "dense_kv_bytes_prefill", "dense_kv_bytes_end",
 //                          "prefill_nmse", "decode_nmse", "mass_prefill", "mass_decode",
-//                          "decide_s", "attention_s", "other_s"}, ...]}, ...]}
+//                          "decide_s", "attention_s", "prefill_attention_s", "decode_attention_s",
+//                          "decode_kv_bytes", "other_s"}, ...]}, ...]}
 // runs[0] is the dense reference. Ratios are fractions of 1; an infinite NMSE is written as null.
 // Include: <vlsparse/sim/report_json.hpp>
 #pragma once
@@ -59,6 +61,9 @@ inline json to_json(const LayerMetrics& L) {
                 {"mass_decode", L.mass_decode},
                 {"decide_s", L.decide_s},
                 {"attention_s", L.attention_s},
+                {"prefill_attention_s", L.prefill_attention_s},
+                {"decode_attention_s", L.decode_attention_s},
+                {"decode_kv_bytes", L.decode_kv_bytes},
                 {"other_s", L.other_s}};
 }
 
@@ -77,7 +82,11 @@ inline json to_json(const PolicyResult& p, std::int64_t head_dim) {
              {"wall_s", p.wall_s()},
              {"attention_s", p.attention_s()},
              {"attention_flops", p.attention_flops(head_dim)},
-             {"gflops", p.gflops(head_dim)}};
+             {"gflops", p.gflops(head_dim)},
+             {"prefill_attention_s", p.prefill_attention_s()},
+             {"decode_attention_s", p.decode_attention_s()},
+             {"prefill_tflops", p.prefill_tflops(head_dim)},
+             {"decode_gbps", p.decode_gbps()}};
     if (p.residual) {
         sum["final_hidden_nmse"] = finite_or_null(p.final_hidden_err.value());
         sum["token_agreement"] = p.token_agreement();

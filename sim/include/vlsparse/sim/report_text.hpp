@@ -143,6 +143,24 @@ inline void print_run_table(std::FILE* f, const Scenario& s, const RunResult& r)
     t.print(f);
 }
 
+// The attention's own time on the backend (GPU: the kernels' time by CUDA events): prefill time, TF/s on
+// the pairs computed and the speedup over the dense run; decode time, GB/s of K and V read, speedup.
+inline void print_time_table(std::FILE* f, const Scenario& s, const RunResult& r) {
+    if (r.runs.empty()) return;
+    const PolicyResult& dense = r.runs[0];
+    const bool dec = s.decode_steps > 0;
+    text::Table t({"policy", "prefill", "prefill", "prefill", "decode", "decode", "decode"},
+                  {"", "attn (ms)", "TF/s", "x dense", "attn (ms)", "GB/s", "x dense"});
+    auto speedup = [](double dense_s, double s) { return s > 0 ? text::fix(dense_s / s, 2) + "x" : std::string("-"); };
+    for (const auto& p : r.runs)
+        t.row({p.label, text::fix(1e3 * p.prefill_attention_s(), 2), text::fix(p.prefill_tflops(s.model.head_dim), 1),
+               speedup(dense.prefill_attention_s(), p.prefill_attention_s()),
+               dec ? text::fix(1e3 * p.decode_attention_s(), 2) : "-", dec ? text::fix(p.decode_gbps(), 1) : "-",
+               dec ? speedup(dense.decode_attention_s(), p.decode_attention_s()) : "-"});
+    std::fprintf(f, "attention time on %s (all layers):\n", r.device.c_str());
+    t.print(f);
+}
+
 inline void print_layer_tables(std::FILE* f, const Scenario& s, const RunResult& r) {
     for (std::size_t k = 1; k < r.runs.size(); ++k) {
         const auto& p = r.runs[k];
