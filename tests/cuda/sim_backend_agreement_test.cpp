@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <fstream>
 #include <set>
+#include <utility>
 #include <string>
 
 #include <vlsparse/sim/engine.hpp>
@@ -57,23 +58,40 @@ std::size_t differing(const TokenSelection& a, const TokenSelection& b, std::int
     return diff;
 }
 
+// The scenario on the cpu backend with bf16-rounded inputs, then on the cuda backend; kept sets kept.
+std::pair<RunResult, RunResult> run_both(const Scenario& s) {
+    EngineOptions cpu_opt;
+    cpu_opt.backend = "cpu";
+    cpu_opt.cpu_round_bf16 = true;
+    cpu_opt.keep_kept_sets = true;
+    EngineOptions gpu_opt;
+    gpu_opt.backend = "cuda";
+    gpu_opt.keep_kept_sets = true;
+    RunResult c = run_scenario(s, cpu_opt);
+    RunResult g = run_scenario(s, gpu_opt);
+    REQUIRE(c.backend == "cpu");
+    REQUIRE(g.backend == "cuda");
+    REQUIRE(c.runs.size() == g.runs.size());
+    return {std::move(c), std::move(g)};
+}
+
+// Every layer's kept sets of one policy on both backends: equal up to near-ties (printed).
+void check_kept_sets(const PolicyResult& a, const PolicyResult& b, std::int64_t Hkv) {
+    REQUIRE(a.kept_sets.size() == b.kept_sets.size());
+    for (std::size_t l = 0; l < a.kept_sets.size(); ++l) {
+        std::size_t kept = 0;
+        const std::size_t diff = differing(a.kept_sets[l], b.kept_sets[l], Hkv, kept);
+        if (diff > 0) std::printf("    layer %zu: %zu of %zu kept positions differ (near-ties at the cut)\n", l, diff, kept);
+        CHECK(static_cast<double>(diff) <= std::max(kTieMin, kTieShare * static_cast<double>(kept)));
+    }
+}
+
 }  // namespace
 
 TEST_CASE("sim backends: cpu (bf16-rounded inputs) and cuda agree on every policy", "[cuda][sim]") {
     for (const auto& [H, Hkv] : {std::pair<std::int64_t, std::int64_t>{8, 2}, {8, 8}}) {
         const Scenario s = small_scenario(H, Hkv);
-        EngineOptions cpu_opt;
-        cpu_opt.backend = "cpu";
-        cpu_opt.cpu_round_bf16 = true;
-        cpu_opt.keep_kept_sets = true;
-        EngineOptions gpu_opt;
-        gpu_opt.backend = "cuda";
-        gpu_opt.keep_kept_sets = true;
-        const RunResult c = run_scenario(s, cpu_opt);
-        const RunResult g = run_scenario(s, gpu_opt);
-        REQUIRE(c.backend == "cpu");
-        REQUIRE(g.backend == "cuda");
-        REQUIRE(c.runs.size() == g.runs.size());
+        const auto [c, g] = run_both(s);
         std::printf("H %lld, H_kv %lld (%s):\n", static_cast<long long>(H), static_cast<long long>(Hkv), g.device.c_str());
         std::printf("  %-14s %9s %9s %11s %11s %11s %11s %9s %9s\n", "policy", "kept cpu", "kept gpu", "pnmse cpu",
                     "pnmse gpu", "dnmse cpu", "dnmse gpu", "mass cpu", "mass gpu");
@@ -85,14 +103,7 @@ TEST_CASE("sim backends: cpu (bf16-rounded inputs) and cuda agree on every polic
             std::printf("  %-14s %9.4f %9.4f %11.3e %11.3e %11.3e %11.3e %9.4f %9.4f\n", a.label.c_str(), a.kept_ratio(),
                         b.kept_ratio(), a.prefill_nmse(), b.prefill_nmse(), a.decode_nmse(), b.decode_nmse(),
                         a.mass_prefill(), b.mass_prefill());
-            REQUIRE(a.kept_sets.size() == b.kept_sets.size());
-            for (std::size_t l = 0; l < a.kept_sets.size(); ++l) {
-                std::size_t kept = 0;
-                const std::size_t diff = differing(a.kept_sets[l], b.kept_sets[l], Hkv, kept);
-                if (diff > 0)
-                    std::printf("    layer %zu: %zu of %zu kept positions differ (near-ties at the cut)\n", l, diff, kept);
-                CHECK(static_cast<double>(diff) <= std::max(kTieMin, kTieShare * static_cast<double>(kept)));
-            }
+            check_kept_sets(a, b, Hkv);
             for (std::size_t l = 0; l < a.layers.size(); ++l) {
                 INFO("layer " << l);
                 const LayerMetrics& x = a.layers[l];
@@ -122,18 +133,9 @@ TEST_CASE("sim backends: residual mode agrees on cpu (bf16-rounded inputs) and c
     j["model"]["layers"] = 3;
     j["decode_steps"] = 8;
     const Scenario s = scenario_from_json(j, "residual agreement");
-    EngineOptions cpu_opt;
-    cpu_opt.backend = "cpu";
-    cpu_opt.cpu_round_bf16 = true;
-    cpu_opt.keep_kept_sets = true;
-    EngineOptions gpu_opt;
-    gpu_opt.backend = "cuda";
-    gpu_opt.keep_kept_sets = true;
-    const RunResult c = run_scenario(s, cpu_opt);
-    const RunResult g = run_scenario(s, gpu_opt);
+    const auto [c, g] = run_both(s);
     REQUIRE(c.residual);
     REQUIRE(g.residual);
-    REQUIRE(c.runs.size() == g.runs.size());
     CHECK(c.runs[0].tokens == g.runs[0].tokens);  // the dense run's tokens, which every run is fed
     std::printf("residual: %-14s %11s %11s %9s %9s %11s %11s\n", "policy", "hidden cpu", "hidden gpu", "agree cpu",
                 "agree gpu", "KL cpu", "KL gpu");
@@ -144,12 +146,7 @@ TEST_CASE("sim backends: residual mode agrees on cpu (bf16-rounded inputs) and c
         std::printf("residual: %-14s %11.3e %11.3e %9.3f %9.3f %11.3e %11.3e\n", a.label.c_str(),
                     a.final_hidden_err.value(), b.final_hidden_err.value(), a.token_agreement(), b.token_agreement(),
                     a.kl_to_dense(), b.kl_to_dense());
-        for (std::size_t l = 0; l < a.kept_sets.size() && l < b.kept_sets.size(); ++l) {
-            std::size_t kept = 0;
-            const std::size_t diff = differing(a.kept_sets[l], b.kept_sets[l], s.model.kv_heads, kept);
-            if (diff > 0) std::printf("    layer %zu: %zu of %zu kept positions differ (near-ties at the cut)\n", l, diff, kept);
-            CHECK(static_cast<double>(diff) <= std::max(kTieMin, kTieShare * static_cast<double>(kept)));
-        }
+        check_kept_sets(a, b, s.model.kv_heads);
         CHECK(close_nmse(a.final_hidden_err.value(), b.final_hidden_err.value()));
         CHECK(close_nmse(a.kl_to_dense(), b.kl_to_dense()));
         CHECK(std::abs(a.mass_prefill() - b.mass_prefill()) <= kMassTol);
