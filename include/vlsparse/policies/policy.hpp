@@ -306,12 +306,16 @@ private:
 
 // ---------------------------------------------------------------------------------------------------
 // Adapters. Each keeps the prompt's layout and shape from begin() and checks every PrefillLayer.
+// prefill() is a member template taking a PrefillLayer only: the SIMD code it calls is then compiled
+// where a program uses the adapter, not in every translation unit that includes this header (about
+// 1 s of the umbrella header's compile time, docs/performance.md "Compile time").
 
 // Keeps everything, no mask, dense prefill and decode.
 struct DensePolicy : DecodeReadsAll {
     std::string_view name() const { return "dense"; }
     void begin(const Layout&, const ModelShape& shape) { shape.validate("DensePolicy::begin"); }
-    PrefillDecision prefill(const PrefillLayer& in) {
+    template <std::same_as<PrefillLayer> In = PrefillLayer>
+    PrefillDecision prefill(const In& in) {
         PrefillDecision d;
         d.kv.n = in.layout ? in.layout->n() : 0;
         d.kv.indices.push_back(detail::check_prefill_layer(in, "DensePolicy::prefill"));
@@ -334,7 +338,8 @@ struct ZipVLPolicy : DecodeReadsAll {
         detail::check_zipvl_params(params, "ZipVLPolicy::begin");
         detail::check_zipvl_modes(params, "ZipVLPolicy::begin");
     }
-    PrefillDecision prefill(const PrefillLayer& in) {
+    template <std::same_as<PrefillLayer> In = PrefillLayer>
+    PrefillDecision prefill(const In& in) {
         const auto pos = detail::check_prefill_layer(in, "ZipVLPolicy::prefill");
         const bool identity = detail::is_identity(pos) && static_cast<std::int64_t>(pos.size()) == in.layout->n();
         const Layout rows_layout = identity ? *in.layout : compact_layout(*in.layout, pos);
@@ -373,7 +378,8 @@ struct AvlPolicy {
         ready_.assign(static_cast<std::size_t>(shape.layers), 0);
         begun_.assign(static_cast<std::size_t>(shape.layers), -1);
     }
-    PrefillDecision prefill(const PrefillLayer& in) {
+    template <std::same_as<PrefillLayer> In = PrefillLayer>
+    PrefillDecision prefill(const In& in) {
         constexpr const char* fn = "AvlPolicy::prefill";
         const auto pos = detail::check_prefill_layer(in, fn);
         detail::require(static_cast<std::size_t>(in.layer) < schedules_.size(), fn, "layer ", in.layer,
@@ -493,7 +499,8 @@ struct BlindSightPolicy : DecodeReadsAll {
         if (uniform_per_kv_group) t = ::vlsparse::uniform_per_kv_group(t, shape.kv_heads);
         return t;
     }
-    PrefillDecision prefill(const PrefillLayer& in) {
+    template <std::same_as<PrefillLayer> In = PrefillLayer>
+    PrefillDecision prefill(const In& in) {
         const auto pos = detail::check_prefill_layer(in, "BlindSightPolicy::prefill");
         const bool identity = detail::is_identity(pos) && static_cast<std::int64_t>(pos.size()) == in.layout->n();
         const Layout rows_layout = identity ? *in.layout : compact_layout(*in.layout, pos);
@@ -540,7 +547,8 @@ struct H2OPolicy {
         shape_ = shape;
         layers_.assign(static_cast<std::size_t>(shape.layers), LayerState{});
     }
-    PrefillDecision prefill(const PrefillLayer& in) {
+    template <std::same_as<PrefillLayer> In = PrefillLayer>
+    PrefillDecision prefill(const In& in) {
         constexpr const char* fn = "H2OPolicy::prefill";
         const auto pos = detail::check_prefill_layer(in, fn);
         detail::require(static_cast<std::size_t>(in.layer) < layers_.size(), fn, "layer ", in.layer,
@@ -635,7 +643,8 @@ struct SnapKVPolicy : DecodeReadsAll {
         shape.validate("SnapKVPolicy::begin");
         params.validate("SnapKVPolicy::begin");
     }
-    PrefillDecision prefill(const PrefillLayer& in) {
+    template <std::same_as<PrefillLayer> In = PrefillLayer>
+    PrefillDecision prefill(const In& in) {
         const auto pos = detail::check_prefill_layer(in, "SnapKVPolicy::prefill");
         PrefillDecision d;
         d.kv = rows_to_positions(in.scoring ? in.scoring->snapkv_select(in, params) : simd::snapkv_select(in.q, in.k, params),
@@ -659,7 +668,8 @@ struct StreamingLLMPolicy {
         params.validate(fn);
         layers_.assign(static_cast<std::size_t>(shape.layers), LayerState{});
     }
-    PrefillDecision prefill(const PrefillLayer& in) {
+    template <std::same_as<PrefillLayer> In = PrefillLayer>
+    PrefillDecision prefill(const In& in) {
         constexpr const char* fn = "StreamingLLMPolicy::prefill";
         const auto pos = detail::check_prefill_layer(in, fn);
         detail::require(static_cast<std::size_t>(in.layer) < layers_.size(), fn, "layer ", in.layer,
@@ -718,7 +728,8 @@ struct FastVPolicy : DecodeReadsAll {
         shape.validate("FastVPolicy::begin");
         params.validate("FastVPolicy::begin", shape.layers);
     }
-    PrefillDecision prefill(const PrefillLayer& in) {
+    template <std::same_as<PrefillLayer> In = PrefillLayer>
+    PrefillDecision prefill(const In& in) {
         const auto pos = detail::check_prefill_layer(in, "FastVPolicy::prefill");
         PrefillDecision d;
         d.kv.n = in.layout->n();
@@ -751,7 +762,8 @@ struct RandomPolicy : DecodeReadsAll {
         shape.validate("RandomPolicy::begin");
         params.validate("RandomPolicy::begin");
     }
-    PrefillDecision prefill(const PrefillLayer& in) {
+    template <std::same_as<PrefillLayer> In = PrefillLayer>
+    PrefillDecision prefill(const In& in) {
         const auto pos = detail::check_prefill_layer(in, "RandomPolicy::prefill");
         PrefillDecision d;
         d.kv = rows_to_positions(random_select(detail::rows_layout(in, pos), in.layer, params), pos, in.layout->n());
@@ -770,7 +782,8 @@ struct FixedRatioPolicy : DecodeReadsAll {
         shape.validate("FixedRatioPolicy::begin");
         params.validate("FixedRatioPolicy::begin");
     }
-    PrefillDecision prefill(const PrefillLayer& in) {
+    template <std::same_as<PrefillLayer> In = PrefillLayer>
+    PrefillDecision prefill(const In& in) {
         const auto pos = detail::check_prefill_layer(in, "FixedRatioPolicy::prefill");
         PrefillDecision d;
         d.kv = rows_to_positions(fixed_ratio_select(detail::rows_layout(in, pos), params), pos, in.layout->n());

@@ -33,7 +33,8 @@ struct PureKVPolicy : DecodeReadsAll {
 
     std::string_view name() const { return "purekv"; }
     void begin(const Layout& layout, const ModelShape& shape) { est_.emplace(params, layout, shape); }
-    PrefillDecision prefill(const PrefillLayer& in) {
+    template <std::same_as<PrefillLayer> In = PrefillLayer>
+    PrefillDecision prefill(const In& in) {
         constexpr const char* fn = "PureKVPolicy::prefill";
         const auto pos = detail::check_prefill_layer(in, fn);
         detail::require(est_.has_value(), fn, "no prompt: call begin(layout, shape) first");
