@@ -1,4 +1,4 @@
-// vlsparse/policies/policy.hpp -- one policy interface for every algorithm (issue 5, item 4).
+// vlsparse/policies/policy.hpp -- one policy interface for every algorithm.
 //
 // A policy answers three questions an engine (or the simulator) asks, layer by layer:
 //   prefill:  which positions each layer's KV cache keeps after the prefill, whether the layer's

@@ -9,7 +9,7 @@
 //                          nullopt (causal dense); sparse_prefill = false (PureKV evicts after a full
 //                          or ST-masked prefill); no rows leave the sequence
 //   decode:                reads every cached position, never evicts (DecodeReadsAll)
-// Ablation (issue 16): own_layer_scores = true makes every layer above l0 score its keys with its OWN
+// Ablation: own_layer_scores = true makes every layer above l0 score its keys with its OWN
 // window attention (Eq. 2-3 with s^l) instead of reusing l0's (Eq. 4): what the cross-layer estimate
 // saves, against what it costs in fidelity. Layers up to l0 are unchanged. Not a PureKVParams key
 // (the golden files and the GPU estimator follow the paper); the simulator's `own_layer_scores`.

@@ -45,7 +45,7 @@ enum class ZipVLProbes : std::uint8_t {
     ratios,  // ceil(probe_recent_ratio * n) + ceil(probe_random_ratio * n) (ZipCache-style 5% + 5%)
 };
 
-// Ablations and matched-cost modes (issue 17). The defaults are the paper's method.
+// Ablations and matched-cost modes. The defaults are the paper's method.
 // Prefill of a selective layer: token-sparse over the kept set (the paper), or dense, with the
 // selection used for KV eviction only (same prefill cost as the eviction-only baselines).
 enum class ZipVLPrefill : std::uint8_t {
