@@ -1,17 +1,18 @@
 // vlsparse/sim/engine.hpp -- the simulator's engine: a scenario's prefill layer by layer, then its
-// decode steps, for the dense reference and every policy, all driven through AnyPolicy.
+// decode steps, for the dense reference and every policy, all driven through AnyPolicy, the arithmetic
+// through one SimBackend (sim/backend.hpp: cpu = the SIMD path, cuda = the CUDA kernels).
 //
 // Per layer l and run (the dense reference first, then each policy):
-//   d = policy.prefill({layout, shape, l, q, k, v, positions})       positions = the run's sequence
-//   prefill attention:  d.mask -> simd::masked_attention;  d.sparse_prefill -> simd::sparse_attention over
-//                       d.kv (rows outside per d.unselected);  else simd::dense_attention (causal)
-//   cache:              the layer's K/V at their positions, then cache.keep(d.kv)
+//   be.set_rows(the run's rows); d = policy.prefill({layout, shape, l, q, k, v, positions, be.scoring()})
+//   prefill attention:  d.mask -> be.masked_prefill;  d.sparse_prefill -> be.sparse_prefill over d.kv
+//                       (rows outside per d.unselected);  else be.dense_prefill (causal)
+//   cache:              the layer's K/V at their positions (cache.fill), then cache.keep(d.kv)
 //   sequence:           d.sequence non-empty -> only those positions stay for the layers after l
-// Decode step t of layer l: append the token's K/V; read = policy.decode_read(l, t, cached);
-//   simd::indexed_decode_attention over `read` (with probabilities); policy.decode_observe(l, t, read,
-//   head-mean attention) may return positions to keep (eviction).
-// Plain sources (synthetic, dump): each layer runs its prefill and then its decode steps, all runs side
-// by side, so only one layer's caches are alive. Residual source: every run keeps its own hidden state
+// Decode step t of layer l: cache.append(the token's K/V); read = policy.decode_read(l, t, cached);
+//   be.decode over `read` (probabilities when the policy reads them, decode_wants_attention);
+//   policy.decode_observe(l, t, read, head-mean attention) may return positions to keep (eviction).
+// run_plain (synthetic, dump sources): each layer runs its prefill and then its decode steps, all runs
+// side by side, so only one layer's caches are alive. run_residual: every run keeps its own hidden state
 // and all its caches; prefill layer by layer, then decode step by step through all layers, every run
 // fed the dense run's LM-head token (teacher forcing). Metrics: sim/metrics.hpp.
 // Include: <vlsparse/sim/engine.hpp>
@@ -457,12 +458,199 @@ inline int thread_count() {
 
 }  // namespace detail
 
+namespace detail {
+
+// Reports progress (units of attention work) when the options carry a Progress.
+struct Ticker {
+    Progress* progress = nullptr;
+    void operator()(double units, const std::string& what) const {
+        if (progress) progress->advance(units, what);
+    }
+};
+
+// Plain sources (synthetic, dump): layer by layer, each layer's prefill and then its decode steps for
+// every run; one layer's caches alive.
+inline void run_plain(const Scenario& s, const EngineOptions& opt, SimBackend& be, std::vector<Run>& runs,
+                      RunResult& result, const Ticker& tick) {
+    const std::int64_t n = s.n(), H = s.model.heads, Hkv = s.model.kv_heads, d = s.model.head_dim, Lyr = s.model.layers,
+                       S = s.decode_steps;
+    const double nruns = static_cast<double>(runs.size());
+    const std::string Ls = std::to_string(Lyr);
+    auto src = make_plain_source(s);
+    result.source = src->describe();
+    for (auto& r : runs) {
+        r.caches.clear();
+        r.caches.push_back(be.make_cache());
+    }
+    // A backend that computes off the host (cuda) gets layer l + 1 generated on a host thread while
+    // it works on layer l; the cpu backend computes on the same cores, so it generates in turn.
+    const bool prefetch = be.name() != "cpu";
+    auto generate = [&src](std::int64_t layer) {
+        const auto t0 = clock::now();
+        LayerQKV q = src->layer(layer);
+        return std::pair<LayerQKV, double>(std::move(q), since(t0));
+    };
+    std::future<std::pair<LayerQKV, double>> next;
+    for (std::int64_t l = 0; l < Lyr; ++l) {
+        if (opt.progress) opt.progress->note("layer " + std::to_string(l + 1) + "/" + Ls + ": generating Q/K/V");
+        auto [qkv, gen_s] = next.valid() ? next.get() : generate(l);
+        result.source_s += gen_s;
+        if (prefetch && l + 1 < Lyr) next = std::async(std::launch::async, generate, l + 1);
+        if (qkv.rows < n + S)
+            throw ::vlsparse::error("vlsparse-sim", "the source gave " + std::to_string(qkv.rows) + " rows for layer " +
+                                                        std::to_string(l) + ", expected n + decode_steps = " +
+                                                        std::to_string(n + S));
+        RefLayer ref;
+        for (std::size_t ri = 0; ri < runs.size(); ++ri) {
+            Run& r = runs[ri];
+            const bool identity = is_identity_seq(r.seq, n);
+            std::vector<float> gq, gk, gv;
+            if (!identity) {
+                gq = gather_rows(qkv.q, r.seq, H * d);
+                gk = gather_rows(qkv.k, r.seq, Hkv * d);
+                gv = gather_rows(qkv.v, r.seq, Hkv * d);
+            }
+            const float* q = identity ? qkv.q.data() : gq.data();
+            const float* k = identity ? qkv.k.data() : gk.data();
+            const float* v = identity ? qkv.v.data() : gv.data();
+            prefill_step(r, s, l, q, k, v, be, *r.caches[0], ri == 0 ? nullptr : &ref, opt.bins, identity ? l : -1,
+                         opt.keep_kept_sets);
+            if (ri == 0) {
+                be.keep_as_reference();
+                ref.last_mass = be.last_row_mass();
+                r.res.layers[static_cast<std::size_t>(l)].mass_prefill = 1.0;
+                result.purekv.observe(l, View3<const float>(qkv.q.data(), {n, H, d}),
+                                      View3<const float>(qkv.k.data(), {n, Hkv, d}),
+                                      View3<const float>(qkv.v.data(), {n, Hkv, d}));
+            }
+            tick(static_cast<double>(n) * static_cast<double>(n) / 2.0,
+                 "layer " + std::to_string(l + 1) + "/" + Ls + " prefill: " + r.p.label);
+        }
+        for (std::int64_t t = 0; t < S; ++t) {
+            const std::int64_t row = n + t;
+            for (std::size_t ri = 0; ri < runs.size(); ++ri) {
+                Run& r = runs[ri];
+                decode_step(r, s, l, t, qkv.q.data() + row * H * d, qkv.k.data() + row * Hkv * d,
+                            qkv.v.data() + row * Hkv * d, be, *r.caches[0], ri == 0 ? nullptr : &ref,
+                            ri == 0 ? &ref : nullptr);
+                if (ri == 0) r.res.layers[static_cast<std::size_t>(l)].mass_decode += 1.0;
+            }
+            tick(nruns * (static_cast<double>(n) + static_cast<double>(t)),
+                 "layer " + std::to_string(l + 1) + "/" + Ls + " decode step " + std::to_string(t + 1));
+        }
+        for (auto& r : runs) finish_layer(r, s, l, *r.caches[0]);
+    }
+}
+
+// Residual source: every run keeps its hidden state and all its caches; prefill layer by layer, then
+// decode step by step through all layers, every run fed the dense run's LM-head token.
+inline void run_residual(const Scenario& s, const EngineOptions& opt, SimBackend& be, std::vector<Run>& runs,
+                         RunResult& result, const Ticker& tick) {
+    const std::int64_t n = s.n(), H = s.model.heads, Hkv = s.model.kv_heads, d = s.model.head_dim, Lyr = s.model.layers,
+                       S = s.decode_steps;
+    const double nruns = static_cast<double>(runs.size());
+    const std::string Ls = std::to_string(Lyr);
+    auto model = make_residual_source(s);
+    result.source = model->describe();
+    const std::int64_t D = model->hidden_size();
+    result.hidden_size = D;
+    const std::vector<float> h0 = model->embed_prompt();
+    if (static_cast<std::int64_t>(h0.size()) != n * D)
+        throw ::vlsparse::error("vlsparse-sim", "the residual model embedded the prompt into " + std::to_string(h0.size()) +
+                                                    " values, expected n x D = " + std::to_string(n * D));
+    for (auto& r : runs) {
+        r.hidden = h0;
+        r.caches.clear();
+        for (std::int64_t l = 0; l < Lyr; ++l) r.caches.push_back(be.make_cache());
+    }
+    LayerQKV qkv;
+    for (std::int64_t l = 0; l < Lyr; ++l) {
+        RefLayer ref;
+        for (std::size_t ri = 0; ri < runs.size(); ++ri) {
+            Run& r = runs[ri];
+            const auto m = static_cast<std::int64_t>(r.seq.size());
+            auto t0 = clock::now();
+            model->project(l, std::span<const float>(r.hidden), std::span<const std::int64_t>(r.seq), qkv);
+            if (qkv.rows != m)
+                throw ::vlsparse::error("vlsparse-sim", "the residual model projected " + std::to_string(qkv.rows) +
+                                                            " rows, expected " + std::to_string(m));
+            r.res.layers[static_cast<std::size_t>(l)].other_s += since(t0);
+            const auto keep = prefill_step(r, s, l, qkv.q.data(), qkv.k.data(), qkv.v.data(), be,
+                                           *r.caches[static_cast<std::size_t>(l)], ri == 0 ? nullptr : &ref, opt.bins,
+                                           -1, opt.keep_kept_sets);
+            if (ri == 0) {
+                be.keep_as_reference();  // the reference never drops rows: rows are positions
+                ref.last_mass = be.last_row_mass();
+                r.res.layers[static_cast<std::size_t>(l)].mass_prefill = 1.0;
+                result.purekv.observe(l, View3<const float>(qkv.q.data(), {n, H, d}),
+                                      View3<const float>(qkv.k.data(), {n, Hkv, d}),
+                                      View3<const float>(qkv.v.data(), {n, Hkv, d}));
+            }
+            t0 = clock::now();
+            model->update(l, std::span<float>(r.hidden), be.prefill_output());
+            if (!keep.empty()) r.hidden = gather_rows(r.hidden, keep, D);
+            r.res.layers[static_cast<std::size_t>(l)].other_s += since(t0);
+            tick(static_cast<double>(n) * static_cast<double>(n) / 2.0,
+                 "layer " + std::to_string(l + 1) + "/" + Ls + " prefill: " + r.p.label);
+        }
+    }
+    // The LM head on the last prompt row's final hidden state (the last row still in the sequence).
+    std::int64_t token = -1;
+    std::vector<double> ref_logp;  // the dense run's log-probabilities at the current point
+    for (std::size_t ri = 0; ri < runs.size(); ++ri) {
+        Run& r = runs[ri];
+        const std::span<const float> last(r.hidden.data() + (r.seq.size() - 1) * static_cast<std::size_t>(D),
+                                          static_cast<std::size_t>(D));
+        lm_head_point(r, *model, last, ri == 0, ref_logp);
+        r.final_rows.assign(last.begin(), last.end());
+        if (ri == 0) token = r.last_token;
+        r.res.tokens_agree += r.last_token == runs[0].last_token;
+    }
+    std::vector<RefLayer> refs(static_cast<std::size_t>(Lyr));
+    for (std::int64_t t = 0; t < S; ++t) {
+        const std::vector<float> e = model->embed_token(token, n + t);
+        for (auto& r : runs) r.x = e;
+        for (std::int64_t l = 0; l < Lyr; ++l) {
+            const std::int64_t pos = n + t;
+            for (std::size_t ri = 0; ri < runs.size(); ++ri) {
+                Run& r = runs[ri];
+                auto t0 = clock::now();
+                model->project(l, std::span<const float>(r.x), std::span<const std::int64_t>(&pos, 1), qkv);
+                r.res.layers[static_cast<std::size_t>(l)].other_s += since(t0);
+                decode_step(r, s, l, t, qkv.q.data(), qkv.k.data(), qkv.v.data(), be, *r.caches[static_cast<std::size_t>(l)],
+                            ri == 0 ? nullptr : &refs[static_cast<std::size_t>(l)],
+                            ri == 0 ? &refs[static_cast<std::size_t>(l)] : nullptr);
+                if (ri == 0) r.res.layers[static_cast<std::size_t>(l)].mass_decode += 1.0;
+                t0 = clock::now();
+                model->update(l, std::span<float>(r.x), std::span<const float>(r.out));
+                r.res.layers[static_cast<std::size_t>(l)].other_s += since(t0);
+            }
+            tick(nruns * (static_cast<double>(n) + static_cast<double>(t)),
+                 "decode step " + std::to_string(t + 1) + ", layer " + std::to_string(l + 1) + "/" + Ls);
+        }
+        for (std::size_t ri = 0; ri < runs.size(); ++ri) {
+            Run& r = runs[ri];
+            lm_head_point(r, *model, std::span<const float>(r.x), ri == 0, ref_logp);
+            r.final_rows.insert(r.final_rows.end(), r.x.begin(), r.x.end());
+            r.res.tokens_agree += r.last_token == runs[0].last_token;
+        }
+        token = runs[0].last_token;
+    }
+    for (auto& r : runs) {
+        for (std::size_t x = 0; x < r.final_rows.size(); ++x) r.res.final_hidden_err.add(r.final_rows[x], runs[0].final_rows[x]);
+        if (opt.keep_final_hidden) r.res.final_hidden = r.final_rows;
+    }
+    for (auto& r : runs)
+        for (std::int64_t l = 0; l < Lyr; ++l) finish_layer(r, s, l, *r.caches[static_cast<std::size_t>(l)]);
+}
+
+}  // namespace detail
+
 // Runs the dense reference and `policies` over the scenario. RunResult::runs[0] is the reference.
 inline RunResult run_engine(const Scenario& s, std::vector<PolicyToRun> policies, const EngineOptions& opt = {}) {
     using namespace detail;
     const auto t_all = clock::now();
-    const std::int64_t n = s.n(), H = s.model.heads, Hkv = s.model.kv_heads, d = s.model.head_dim, Lyr = s.model.layers,
-                       S = s.decode_steps;
+    const std::int64_t n = s.n(), Lyr = s.model.layers, S = s.decode_steps;
     RunResult result;
     result.threads = thread_count();
     result.residual = s.source.kind == SourceKind::residual;
@@ -504,172 +692,12 @@ inline RunResult run_engine(const Scenario& s, std::vector<PolicyToRun> policies
     const double per_layer = static_cast<double>(n) * static_cast<double>(n) / 2.0 +
                              static_cast<double>(S) * (static_cast<double>(n) + static_cast<double>(S) / 2.0);
     if (opt.progress) opt.progress->start(per_layer * nruns * static_cast<double>(Lyr));
-    auto tick = [&](double units, const std::string& what) {
-        if (opt.progress) opt.progress->advance(units, what);
-    };
-    const std::string Ls = std::to_string(Lyr);
+    const Ticker tick{opt.progress};
 
-    if (!result.residual) {
-        // ---- plain sources: layer by layer, prefill then decode -------------------------------------
-        auto src = make_plain_source(s);
-        result.source = src->describe();
-        for (auto& r : runs) {
-            r.caches.clear();
-            r.caches.push_back(be.make_cache());
-        }
-        // A backend that computes off the host (cuda) gets layer l + 1 generated on a host thread while
-        // it works on layer l; the cpu backend computes on the same cores, so it generates in turn.
-        const bool prefetch = be.name() != "cpu";
-        auto generate = [&src](std::int64_t layer) {
-            const auto t0 = clock::now();
-            LayerQKV q = src->layer(layer);
-            return std::pair<LayerQKV, double>(std::move(q), since(t0));
-        };
-        std::future<std::pair<LayerQKV, double>> next;
-        for (std::int64_t l = 0; l < Lyr; ++l) {
-            if (opt.progress) opt.progress->note("layer " + std::to_string(l + 1) + "/" + Ls + ": generating Q/K/V");
-            auto [qkv, gen_s] = next.valid() ? next.get() : generate(l);
-            result.source_s += gen_s;
-            if (prefetch && l + 1 < Lyr) next = std::async(std::launch::async, generate, l + 1);
-            if (qkv.rows < n + S)
-                throw ::vlsparse::error("vlsparse-sim", "the source gave " + std::to_string(qkv.rows) + " rows for layer " +
-                                                            std::to_string(l) + ", expected n + decode_steps = " +
-                                                            std::to_string(n + S));
-            RefLayer ref;
-            for (std::size_t ri = 0; ri < runs.size(); ++ri) {
-                Run& r = runs[ri];
-                const bool identity = is_identity_seq(r.seq, n);
-                std::vector<float> gq, gk, gv;
-                if (!identity) {
-                    gq = gather_rows(qkv.q, r.seq, H * d);
-                    gk = gather_rows(qkv.k, r.seq, Hkv * d);
-                    gv = gather_rows(qkv.v, r.seq, Hkv * d);
-                }
-                const float* q = identity ? qkv.q.data() : gq.data();
-                const float* k = identity ? qkv.k.data() : gk.data();
-                const float* v = identity ? qkv.v.data() : gv.data();
-                prefill_step(r, s, l, q, k, v, be, *r.caches[0], ri == 0 ? nullptr : &ref, opt.bins, identity ? l : -1,
-                             opt.keep_kept_sets);
-                if (ri == 0) {
-                    be.keep_as_reference();
-                    ref.last_mass = be.last_row_mass();
-                    r.res.layers[static_cast<std::size_t>(l)].mass_prefill = 1.0;
-                    result.purekv.observe(l, View3<const float>(qkv.q.data(), {n, H, d}),
-                                          View3<const float>(qkv.k.data(), {n, Hkv, d}),
-                                          View3<const float>(qkv.v.data(), {n, Hkv, d}));
-                }
-                tick(static_cast<double>(n) * static_cast<double>(n) / 2.0,
-                     "layer " + std::to_string(l + 1) + "/" + Ls + " prefill: " + r.p.label);
-            }
-            for (std::int64_t t = 0; t < S; ++t) {
-                const std::int64_t row = n + t;
-                for (std::size_t ri = 0; ri < runs.size(); ++ri) {
-                    Run& r = runs[ri];
-                    decode_step(r, s, l, t, qkv.q.data() + row * H * d, qkv.k.data() + row * Hkv * d,
-                                qkv.v.data() + row * Hkv * d, be, *r.caches[0], ri == 0 ? nullptr : &ref,
-                                ri == 0 ? &ref : nullptr);
-                    if (ri == 0) r.res.layers[static_cast<std::size_t>(l)].mass_decode += 1.0;
-                }
-                tick(nruns * (static_cast<double>(n) + static_cast<double>(t)),
-                     "layer " + std::to_string(l + 1) + "/" + Ls + " decode step " + std::to_string(t + 1));
-            }
-            for (auto& r : runs) finish_layer(r, s, l, *r.caches[0]);
-        }
-    } else {
-        // ---- residual source: prefill layer by layer, then decode step by step --------------------
-        auto model = make_residual_source(s);
-        result.source = model->describe();
-        const std::int64_t D = model->hidden_size();
-        result.hidden_size = D;
-        const std::vector<float> h0 = model->embed_prompt();
-        if (static_cast<std::int64_t>(h0.size()) != n * D)
-            throw ::vlsparse::error("vlsparse-sim", "the residual model embedded the prompt into " + std::to_string(h0.size()) +
-                                                        " values, expected n x D = " + std::to_string(n * D));
-        for (auto& r : runs) {
-            r.hidden = h0;
-            r.caches.clear();
-            for (std::int64_t l = 0; l < Lyr; ++l) r.caches.push_back(be.make_cache());
-        }
-        LayerQKV qkv;
-        for (std::int64_t l = 0; l < Lyr; ++l) {
-            RefLayer ref;
-            for (std::size_t ri = 0; ri < runs.size(); ++ri) {
-                Run& r = runs[ri];
-                const auto m = static_cast<std::int64_t>(r.seq.size());
-                auto t0 = clock::now();
-                model->project(l, std::span<const float>(r.hidden), std::span<const std::int64_t>(r.seq), qkv);
-                if (qkv.rows != m)
-                    throw ::vlsparse::error("vlsparse-sim", "the residual model projected " + std::to_string(qkv.rows) +
-                                                                " rows, expected " + std::to_string(m));
-                r.res.layers[static_cast<std::size_t>(l)].other_s += since(t0);
-                const auto keep = prefill_step(r, s, l, qkv.q.data(), qkv.k.data(), qkv.v.data(), be,
-                                               *r.caches[static_cast<std::size_t>(l)], ri == 0 ? nullptr : &ref, opt.bins,
-                                               -1, opt.keep_kept_sets);
-                if (ri == 0) {
-                    be.keep_as_reference();  // the reference never drops rows: rows are positions
-                    ref.last_mass = be.last_row_mass();
-                    r.res.layers[static_cast<std::size_t>(l)].mass_prefill = 1.0;
-                    result.purekv.observe(l, View3<const float>(qkv.q.data(), {n, H, d}),
-                                          View3<const float>(qkv.k.data(), {n, Hkv, d}),
-                                          View3<const float>(qkv.v.data(), {n, Hkv, d}));
-                }
-                t0 = clock::now();
-                model->update(l, std::span<float>(r.hidden), be.prefill_output());
-                if (!keep.empty()) r.hidden = gather_rows(r.hidden, keep, D);
-                r.res.layers[static_cast<std::size_t>(l)].other_s += since(t0);
-                tick(static_cast<double>(n) * static_cast<double>(n) / 2.0,
-                     "layer " + std::to_string(l + 1) + "/" + Ls + " prefill: " + r.p.label);
-            }
-        }
-        // The LM head on the last prompt row's final hidden state (the last row still in the sequence).
-        std::int64_t token = -1;
-        std::vector<double> ref_logp;  // the dense run's log-probabilities at the current point
-        for (std::size_t ri = 0; ri < runs.size(); ++ri) {
-            Run& r = runs[ri];
-            const std::span<const float> last(r.hidden.data() + (r.seq.size() - 1) * static_cast<std::size_t>(D),
-                                              static_cast<std::size_t>(D));
-            lm_head_point(r, *model, last, ri == 0, ref_logp);
-            r.final_rows.assign(last.begin(), last.end());
-            if (ri == 0) token = r.last_token;
-            r.res.tokens_agree += r.last_token == runs[0].last_token;
-        }
-        std::vector<RefLayer> refs(static_cast<std::size_t>(Lyr));
-        for (std::int64_t t = 0; t < S; ++t) {
-            const std::vector<float> e = model->embed_token(token, n + t);
-            for (auto& r : runs) r.x = e;
-            for (std::int64_t l = 0; l < Lyr; ++l) {
-                const std::int64_t pos = n + t;
-                for (std::size_t ri = 0; ri < runs.size(); ++ri) {
-                    Run& r = runs[ri];
-                    auto t0 = clock::now();
-                    model->project(l, std::span<const float>(r.x), std::span<const std::int64_t>(&pos, 1), qkv);
-                    r.res.layers[static_cast<std::size_t>(l)].other_s += since(t0);
-                    decode_step(r, s, l, t, qkv.q.data(), qkv.k.data(), qkv.v.data(), be, *r.caches[static_cast<std::size_t>(l)],
-                                ri == 0 ? nullptr : &refs[static_cast<std::size_t>(l)],
-                                ri == 0 ? &refs[static_cast<std::size_t>(l)] : nullptr);
-                    if (ri == 0) r.res.layers[static_cast<std::size_t>(l)].mass_decode += 1.0;
-                    t0 = clock::now();
-                    model->update(l, std::span<float>(r.x), std::span<const float>(r.out));
-                    r.res.layers[static_cast<std::size_t>(l)].other_s += since(t0);
-                }
-                tick(nruns * (static_cast<double>(n) + static_cast<double>(t)),
-                     "decode step " + std::to_string(t + 1) + ", layer " + std::to_string(l + 1) + "/" + Ls);
-            }
-            for (std::size_t ri = 0; ri < runs.size(); ++ri) {
-                Run& r = runs[ri];
-                lm_head_point(r, *model, std::span<const float>(r.x), ri == 0, ref_logp);
-                r.final_rows.insert(r.final_rows.end(), r.x.begin(), r.x.end());
-                r.res.tokens_agree += r.last_token == runs[0].last_token;
-            }
-            token = runs[0].last_token;
-        }
-        for (auto& r : runs) {
-            for (std::size_t x = 0; x < r.final_rows.size(); ++x) r.res.final_hidden_err.add(r.final_rows[x], runs[0].final_rows[x]);
-            if (opt.keep_final_hidden) r.res.final_hidden = r.final_rows;
-        }
-        for (auto& r : runs)
-            for (std::int64_t l = 0; l < Lyr; ++l) finish_layer(r, s, l, *r.caches[static_cast<std::size_t>(l)]);
-    }
+    if (result.residual)
+        run_residual(s, opt, be, runs, result, tick);
+    else
+        run_plain(s, opt, be, runs, result, tick);
     if (opt.progress) opt.progress->finish();
     for (auto& r : runs) result.runs.push_back(std::move(r.res));
     result.wall_s = since(t_all);
