@@ -1,6 +1,6 @@
 // vlsparse/attention/common.hpp -- options and argument checks shared by every attention backend.
 //
-// Conventions (ARCHITECTURE.md section 3): Q [n_q, H, d], K and V [n_k, H_kv, d], any strides;
+// Conventions (docs/api.md): Q [n_q, H, d], K and V [n_k, H_kv, d], any strides;
 // H % H_kv == 0 and query head h reads KV head h / (H / H_kv). Causality compares positions:
 // key j (position j) is visible to query i (position n_k - n_q + i) when j <= n_k - n_q + i, so
 // n_q == n_k is a prefill and n_q == 1 a decode step. scale defaults to 1 / sqrt(d).

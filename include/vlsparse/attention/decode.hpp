@@ -65,8 +65,8 @@ void decode_attention(View2<const TQ> q, const KvCache<TC>& cache, View2<TO> out
         detail::require(m > 0, fn, "KV head ", g, " of the cache is empty; append the new token's K/V first");
         if (opt.check_finite) {
             const View3<const TC> kk(cache.k(g).data, {m, 1, d}), vv(cache.v(g).data, {m, 1, d});
-            detail::check_finite_fast(kk, fn, "cache k");  // [rows, 1, d]: the element is [row, 0, c]
-            detail::check_finite_fast(vv, fn, "cache v");
+            detail::check_finite_vectorized(kk, fn, "cache k");  // [rows, 1, d]: the element is [row, 0, c]
+            detail::check_finite_vectorized(vv, fn, "cache v");
         }
     }
     detail::run_decode<Arch>(q, cache, out, scale);

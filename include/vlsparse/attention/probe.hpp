@@ -109,8 +109,8 @@ void probe_attention(View3<const TQ> q, View3<const TK> k, std::span<const std::
     detail::check_sorted_unique(rows, nq, fn, "rows");
     detail::check_out3(probs, {H, static_cast<std::int64_t>(rows.size()), nk}, q, k, k, fn, "probs");
     if (opt.check_finite) {
-        detail::check_finite_fast(q, fn, "q");
-        detail::check_finite_fast(k, fn, "k");
+        detail::check_finite_vectorized(q, fn, "q");
+        detail::check_finite_vectorized(k, fn, "k");
     }
     const float scale = detail::resolve_scale(opt, d, fn);
     detail::run_probe<Arch>(q, k, rows, probs, scale);

@@ -128,7 +128,7 @@ void attend_row_double(const TQ* q, std::int64_t q_stride, const View3<const TK>
 // the exponent bits otherwise; several times faster than the exact check, which runs only when
 // this finds something (so the error names the element exactly as the reference's does).
 template <class T>
-bool all_finite_fast(const View3<const T>& x) {
+bool all_finite_vectorized(const View3<const T>& x) {
     using U = std::remove_const_t<T>;
     if constexpr (std::is_same_v<U, float>) {
         if (x.stride[2] == 1) {
@@ -164,15 +164,15 @@ bool all_finite_fast(const View3<const T>& x) {
 }
 
 template <class T>
-void check_finite_fast(const View3<const T>& x, const char* fn, const char* name) {
-    if (!all_finite_fast(x)) check_finite(x, fn, name);
+void check_finite_vectorized(const View3<const T>& x, const char* fn, const char* name) {
+    if (!all_finite_vectorized(x)) check_finite(x, fn, name);
 }
 
 template <class TQ, class TK>
 void check_all_finite(const View3<const TQ>& q, const View3<const TK>& k, const View3<const TK>& v, const char* fn) {
-    check_finite_fast(q, fn, "q");
-    check_finite_fast(k, fn, "k");
-    check_finite_fast(v, fn, "v");
+    check_finite_vectorized(q, fn, "q");
+    check_finite_vectorized(k, fn, "k");
+    check_finite_vectorized(v, fn, "v");
 }
 
 }  // namespace detail

@@ -2,7 +2,7 @@
 //
 // The manifest names the algorithm, the case, the generator version, the Params (verbatim JSON), the
 // prompt layout, the input tensors and the output tensors; each output carries the metric and the
-// tolerance a port must meet (ARCHITECTURE.md section 7):
+// tolerance a port must meet (docs/golden-format.md):
 //   exact   every element equal (indices, counts, masks)
 //   rel     max|got - expected| / max|expected| <= tol   (scores)
 //   abs     max|got - expected| <= tol

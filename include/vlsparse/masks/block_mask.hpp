@@ -13,7 +13,7 @@
 // strip of 18 text keys between two images costs 18 columns, not a whole block).
 // Inside a partial block the pair (i, j) is allowed when context.allows(head_template[h], i, j)
 // (or, equivalently, j lies in one of context.row_intervals(...)). Plain data (vectors of integers),
-// the form a CUDA kernel consumes; the idea of FlexAttention's block masks (ARCHITECTURE.md 5).
+// the form a CUDA kernel consumes; the idea of FlexAttention's block masks (docs/blindsight.md).
 // Built from the layout in O(H_distinct * n * (segments + sinks + n / k_block)) (plus the atrous
 // window per row), never n x n.
 // Include: <vlsparse/masks/block_mask.hpp>

@@ -9,13 +9,13 @@
 //                                              bidirectional)
 //     image query i, key j in image b < a      Dense: yes; Document: no; Sink, Document-Sink: j is a sink of b
 //     key j after query i (or after image a when bidirectional): no
-// BlindSight (Srikrishnan, Shah, Reinhardt 2025), Section 3 and 5.1; conventions of ARCHITECTURE.md 4.4.
+// BlindSight (Srikrishnan, Shah, Reinhardt 2025), Section 3 and 5.1; conventions in docs/blindsight.md.
 // Sinks: the first ceil(sink_fraction * len) tokens of each image (default 0.1, Qwen family), or a
 // list of fixed offsets inside each image (Gemma 3; offsets >= an image's length are ignored for it).
 // Image and video segments are both "images" (one document each); text segments, delimiter tokens
 // included, are always dense. Only prefill masks (n_q == n_k) are defined.
 //
-// PureKV video masks (ST-SpAttn and its ablations; ARCHITECTURE.md 4.3, docs/purekv.md), set on a
+// PureKV video masks (ST-SpAttn and its ablations; docs/purekv.md), set on a
 // context by make_video_mask_context, restrict the pairs of a video query i and a key j of the SAME
 // video further (every other pair is left to the template): with F frames of T tokens, query i in
 // frame f at slot s, key j in frame f' at slot s', j <= i always, j == i always allowed:

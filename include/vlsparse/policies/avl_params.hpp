@@ -2,7 +2,7 @@
 // budgets, kept/core selection, the DecodeSchedule, the prefill filter, H2O for text, PPCI), shared by
 // the reference and the SIMD path. Only the scores (attention probabilities) are backend arithmetic.
 //
-// A-VL (seed 002, "Adaptive attention for large vision-language models"; ARCHITECTURE.md 4.2):
+// A-VL ("Adaptive attention for large vision-language models", arXiv:2409.14846; docs/avl.md):
 //   s_j = (1/H) sum_h softmax_j(scale q_{n-1,h} . k_{j,g(h)})          score of key j (last prompt token)
 //   per image span of original length len:
 //     kept = top floor((1-rate) len) of s in the span   (the rest, "minor", are evicted after prefill)
@@ -304,7 +304,7 @@ inline std::vector<std::vector<std::int64_t>> avl_text_h2o(const std::vector<std
     return out;
 }
 
-// Which positions each decode step of one layer reads (ARCHITECTURE.md 5, "DecodeSchedule").
+// Which positions each decode step of one layer reads (docs/avl.md, "DecodeSchedule").
 // Decode step t (0-based, counted from the first token after the prompt):
 //   - refresh step (K > 0 and t % K == 0), or K <= 0: every kept position, plus every decode token;
 //   - otherwise: the core image positions, every kept non-image position, every decode token.

@@ -55,8 +55,8 @@ std::vector<std::vector<double>> snapkv_window_scores(View3<const TQ> q, View3<c
     const std::int64_t n = q.shape[0], H = q.shape[1], d = q.shape[2], Hkv = k.shape[1], qpk = H / Hkv;
     ::vlsparse::detail::require(window >= 1 && window <= n, fn, "window = ", window, ", expected 1 <= window <= n = ", n);
     if (opt.check_finite) {
-        detail::check_finite_fast(q, fn, "q");
-        detail::check_finite_fast(k, fn, "k");
+        detail::check_finite_vectorized(q, fn, "q");
+        detail::check_finite_vectorized(k, fn, "k");
     }
     const std::int64_t L = n - window, G = groups == BaselineGroups::kv_head ? Hkv : 1;
     std::vector<std::int64_t> rows(static_cast<std::size_t>(window));

@@ -13,7 +13,7 @@
 //   fixed ratio  keep k of the m scope tokens at offsets floor(i m / k), i = 0..k-1 (uniform stride)
 // A[h,i,j] = softmax_{j <= i}(scale q_{i,h} . k_{j,g(h)}). Ties: lower position first (core/topk.hpp).
 // H2O: Zhang et al. 2023 (NeurIPS); SnapKV: Li et al. 2024; StreamingLLM: Xiao et al. 2024 (ICLR);
-// FastV: Chen et al. 2024 (ECCV). Conventions: ARCHITECTURE.md 4.5; docs/baselines.md.
+// FastV: Chen et al. 2024 (ECCV). Conventions: docs/baselines.md.
 // Include: <vlsparse/policies/baselines.hpp> (SIMD path) or <vlsparse/reference/baselines.hpp> (reference).
 #pragma once
 

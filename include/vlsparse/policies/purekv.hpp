@@ -42,8 +42,8 @@ PureKVScores purekv_window_scores(View3<const TQ> q, View3<const TK> k, std::int
     // Only the window's query rows are read: they are q's rows [m, n), at positions m.. (n_q = w < n_k).
     const View3<const TQ> qw(q.row(m, 0), {w, H, d}, q.stride);
     if (P.check_finite) {
-        detail::check_finite_fast(qw, fn, "q (window rows)");
-        detail::check_finite_fast(k, fn, "k");
+        detail::check_finite_vectorized(qw, fn, "q (window rows)");
+        detail::check_finite_vectorized(k, fn, "k");
     }
     const std::int64_t G = P.grouping == PureKVGrouping::kv_head ? Hkv : 1;
     PureKVScores r;
@@ -118,7 +118,7 @@ PureKVSelection purekv_select(const PureKVScores& scores, View3<const TV> v, std
     const std::int64_t G = P.grouping == PureKVGrouping::kv_head ? Hkv : 1;
     ::vlsparse::detail::require(scores.groups() == G, fn, "scores have ", scores.groups(), " groups, expected ", G, " (",
                                 to_string(P.grouping), " grouping, H_kv = ", Hkv, ")");
-    if (P.check_finite) detail::check_finite_fast(v, fn, "v");
+    if (P.check_finite) detail::check_finite_vectorized(v, fn, "v");
     return ::vlsparse::detail::purekv_finish(scores, purekv_v_norms(v, P.grouping), layer, P,
                                              [](std::span<const double> imp, std::int64_t h) { return topk_indices(imp, h); });
 }

@@ -2,7 +2,7 @@
 // parts (argument checks, budgets, the ST-SpAttn mask, the Spearman validation and the cross-layer
 // estimator state), shared by the reference, SIMD and CUDA paths.
 //
-// PureKV (seed 003, Sections 3.1-3.3; its equations are restated in ARCHITECTURE.md 4.3):
+// PureKV (arXiv:2510.25600, Sections 3.1-3.3; its equations are restated in docs/purekv.md):
 //   A^l[h,i,j] = softmax_{j <= i}(scale q^l_{i,h} . k^l_{j,g(h)}),  i in the window W = [n-w, n)   (Eq. 1)
 //   s^l_j      = sum_{i in W} sum_{h in group} A^l[h,i,j]  for j < n - w  (0 inside the window)   (Eq. 2)
 //   I^l_j      = s^{src}_j * ||V^l_{j,g}||_2,  src = l for l <= l0 (Eq. 3), src = l0 above (Eq. 4)

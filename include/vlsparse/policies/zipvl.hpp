@@ -95,8 +95,8 @@ ZipVLSelection zipvl_select(View3<const TQ> q, View3<const TK> k, const Layout& 
     ::vlsparse::detail::require(layer >= 0, fn, "layer = ", layer, ", expected >= 0");
     layout.require_tokens(n, fn);
     if (P.check_finite) {
-        detail::check_finite_fast(q, fn, "q");
-        detail::check_finite_fast(k, fn, "k");
+        detail::check_finite_vectorized(q, fn, "q");
+        detail::check_finite_vectorized(k, fn, "k");
     }
 
     ZipVLSelection r;

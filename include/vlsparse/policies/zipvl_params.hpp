@@ -1,7 +1,7 @@
 // vlsparse/policies/zipvl_params.hpp -- ZipVL parameters and the backend-independent steps
 // (probe choice, argument checks, result type), shared by the reference, SIMD and CUDA paths.
 //
-// ZipVL (He et al., seed 000, Sections 4.1-4.2 and Supplementary A):
+// ZipVL (He et al., arXiv:2410.08584, Sections 4.1-4.2 and Supplementary A; docs/zipvl.md):
 //   probes P (recent + random), A'[h,p,j] = softmax_{j <= p}(scale q_p . k_j)
 //   a_j  = sum_{h in group} sum_{p in P} A'[h,p,j]                         accumulated score
 //   p    = min { p : sum of the p largest a_j >= tau * M },  M = |group| * |P|   (Eq. 7)
@@ -189,7 +189,7 @@ inline bool zipvl_sparse_prefill(const ZipVLSelection& s, const ZipVLParams& P) 
     return !s.dense && P.prefill == ZipVLPrefill::sparse;
 }
 
-// The probe positions of ZipVL for a sequence of n tokens in layer `layer` (ARCHITECTURE.md 4.1):
+// The probe positions of ZipVL for a sequence of n tokens in layer `layer` (docs/zipvl.md):
 // the last max(recent, 1) positions plus `random` positions drawn without replacement from [0, n - recent)
 // with SplitMix64(seed + layer); every position when n <= recent + random. Ascending. In ratio mode
 // recent = ceil(probe_recent_ratio * n) and random = ceil(probe_random_ratio * n), each computed as

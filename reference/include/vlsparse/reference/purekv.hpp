@@ -1,4 +1,4 @@
-// vlsparse/reference/purekv.hpp -- the exact scalar reference of PureKV (seed 003, Sections 3.1-3.3).
+// vlsparse/reference/purekv.hpp -- the exact scalar reference of PureKV (arXiv:2510.25600, Sections 3.1-3.3).
 //
 //   A^l[h,i,j] = softmax_{j <= i}(scale q_{i,h} . k_{j,g(h)}),  i in the window [n-w, n)        (Eq. 1)
 //   s_j        = sum_{i in window} sum_{h in group} A^l[h,i,j],  j < n - w                      (Eq. 2)

@@ -1,4 +1,4 @@
-// vlsparse/reference/zipvl.hpp -- the exact scalar reference of ZipVL (seed 000, Sections 4.1-4.2, Supp. A).
+// vlsparse/reference/zipvl.hpp -- the exact scalar reference of ZipVL (arXiv:2410.08584, Sections 4.1-4.2, Supp. A).
 //
 //   A'[h,p,j] = softmax_{j <= p}(scale * q_{p,h} . k_{j,g(h)})       probe attention (Eq. A)
 //   a_j       = sum_{h in group} sum_{p in P} A'[h,p,j]             accumulated score

@@ -5,14 +5,14 @@
 // source is one prompt: one seed), on the scenario's model, prompt, decode steps and source. The
 // scenario's policies are not run; each claim's policy starts from the params of the scenario's first
 // entry of that policy (if any), with the claim's budget keys on top.
-//   zipvl-adaptive   ZipVL (seed 000, Table 3): the adaptive ratio beats a fixed ratio of the same
+//   zipvl-adaptive   ZipVL (arXiv:2410.08584, Table 3): the adaptive ratio beats a fixed ratio of the same
 //                    normalized scores at equal budget. Adaptive at tau 0.7 / 0.8 / 0.9 against
 //                    `ratio: fixed` with fixed_ratio = the adaptive run's achieved kept ratio (a second
 //                    pass, same seed). Reproduced when adaptive has the lower decode NMSE at every tau.
 //   zipvl-normalized ZipVL (Eq. 8): normalized scores beat accumulated ones. `ratio: fixed` at 10 / 20 /
 //                    30%, `ranking` normalized against accumulated. Reproduced when normalized is lower
 //                    at every budget.
-//   purekv-budget    PureKV (seed 003): at 10-20% KV budget PureKV is at least as good as H2O and
+//   purekv-budget    PureKV (arXiv:2510.25600): at 10-20% KV budget PureKV is at least as good as H2O and
 //                    SnapKV. budget_fraction / capacity / heavy + recent = 10% and 20%. Reproduced when
 //                    PureKV's (default params) decode NMSE is at most the better baseline's at both;
 //                    PureKV with grouping = layer is measured beside it.

@@ -119,7 +119,7 @@ __device__ __forceinline__ void ldsm4(unsigned& r0, unsigned& r1, unsigned& r2, 
 }
 
 // 2^x on the special-function unit (ex2.approx.ftz: relative error below 2^-22, 2^-inf = 0).
-__device__ __forceinline__ float fast_exp2(float x) {
+__device__ __forceinline__ float exp2_approx(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
@@ -388,8 +388,8 @@ __global__ void __launch_bounds__(kProbeThreads) probe_cols_mma_kernel(const __g
             for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    llo += fast_exp2(s[nt][e] - olo);
-                    lhi += fast_exp2(s[nt][2 + e] - ohi);
+                    llo += exp2_approx(s[nt][e] - olo);
+                    lhi += exp2_approx(s[nt][2 + e] - ohi);
                 }
             llo += __shfl_xor_sync(0xffffffffu, llo, 1);
             llo += __shfl_xor_sync(0xffffffffu, llo, 2);
@@ -407,16 +407,16 @@ __global__ void __launch_bounds__(kProbeThreads) probe_cols_mma_kernel(const __g
                 for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                     for (int e = 0; e < 2; ++e)
-                        acc[nt][e] += fast_exp2(fmaf(s[nt][e], a.scale_log2, -lse_lo)) +
-                                      fast_exp2(fmaf(s[nt][2 + e], a.scale_log2, -lse_hi));
+                        acc[nt][e] += exp2_approx(fmaf(s[nt][e], a.scale_log2, -lse_lo)) +
+                                      exp2_approx(fmaf(s[nt][2 + e], a.scale_log2, -lse_hi));
             } else {
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         const int key = key0 + 8 * nt + 2 * tq + e;
-                        const float w_lo = key <= p_lo ? fast_exp2(fmaf(s[nt][e], a.scale_log2, -lse_lo)) : 0.0f;
-                        const float w_hi = key <= p_hi ? fast_exp2(fmaf(s[nt][2 + e], a.scale_log2, -lse_hi)) : 0.0f;
+                        const float w_lo = key <= p_lo ? exp2_approx(fmaf(s[nt][e], a.scale_log2, -lse_lo)) : 0.0f;
+                        const float w_hi = key <= p_hi ? exp2_approx(fmaf(s[nt][2 + e], a.scale_log2, -lse_hi)) : 0.0f;
                         acc[nt][e] += w_lo + w_hi;
                     }
             }
