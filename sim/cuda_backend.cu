@@ -362,7 +362,7 @@ public:
         auto& cache = static_cast<CudaCache&>(c);
         const std::int64_t H = shape_.heads, Hkv = shape_.kv_heads, d = shape_.head_dim, grp = H / Hkv;
         for (std::size_t g = 0; g < read.groups(); ++g)
-            require(!read.indices[g].empty(), "simd::indexed_decode_attention", "row list ", g,
+            require(!read.indices[g].empty(), kFn, "decode: row list ", g,
                     " is empty; expected at least one row (the new token's)");
         upload_bf16(q, H * d, staging_, q1_.get(static_cast<std::size_t>(H * d)));
         // Per KV head lists when the caller wants per-group mass of a shared list.
