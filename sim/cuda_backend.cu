@@ -262,7 +262,7 @@ public:
         return std::make_unique<CudaCache>(*this, shape_.kv_heads, shape_.head_dim, cap_);
     }
 
-    void set_rows(const SimRows& rows) override {
+    SimRows set_rows(const SimRows& rows) override {
         require(rows.m >= 1, kFn, "a layer with no rows");
         const std::int64_t H = shape_.heads, Hkv = shape_.kv_heads, d = shape_.head_dim;
         if (rows.shared_id < 0 || rows.shared_id != uploaded_id_ || rows.m != m_) {
@@ -274,6 +274,7 @@ public:
         rows_ = rows;
         m_ = rows.m;
         uploaded_id_ = rows.shared_id;
+        return rows_;
     }
     PrefillScoring* scoring() override { return &scoring_; }
 

@@ -88,7 +88,9 @@ public:
     virtual void begin(const ModelShape& shape, std::int64_t n, std::int64_t decode_steps) = 0;
     virtual std::unique_ptr<SimCache> make_cache() = 0;
 
-    virtual void set_rows(const SimRows& rows) = 0;
+    // Returns the rows as the policies are to see them (host fp32): `rows`, or the backend's copy of the
+    // values it computes on (the cpu backend's bf16-rounded inputs).
+    virtual SimRows set_rows(const SimRows& rows) = 0;
     virtual PrefillScoring* scoring() = 0;  // null: the policies' SIMD path on the host views
 
     // The prefill attention over the current rows; each returns the attention's seconds.

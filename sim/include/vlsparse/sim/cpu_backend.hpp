@@ -61,9 +61,9 @@ public:
     std::unique_ptr<SimCache> make_cache() override {
         return std::make_unique<CpuCache>(*this, shape_.kv_heads, shape_.head_dim);
     }
-    void set_rows(const SimRows& rows) override {
+    SimRows set_rows(const SimRows& rows) override {
         rows_ = rows;
-        if (!round_) return;
+        if (!round_) return rows_;
         const std::int64_t H = shape_.heads, Hkv = shape_.kv_heads, d = shape_.head_dim;
         rounded(rq_, rows.q, rows.m * H * d);
         rounded(rk_, rows.k, rows.m * Hkv * d);
@@ -71,6 +71,7 @@ public:
         rows_.q = rq_.data();
         rows_.k = rk_.data();
         rows_.v = rv_.data();
+        return rows_;
     }
     // fp32 -> bf16 -> fp32 (round to nearest even) when round_bf16; else x itself.
     const float* round_input(std::vector<float>& buf, const float* x, std::int64_t count) const {

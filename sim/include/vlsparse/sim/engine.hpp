@@ -191,10 +191,10 @@ inline std::vector<std::int64_t> prefill_step(Run& r, const Scenario& s, std::in
     LayerMetrics& M = r.res.layers[static_cast<std::size_t>(l)];
     M.layer = l;
     M.rows = m;
-    const View3<const float> qv(q, {m, H, d}), kv(k, {m, Hkv, d}), vv(v, {m, Hkv, d});
     auto t0 = clock::now();
-    be.set_rows(SimRows{q, k, v, m, shared_id});
+    const SimRows seen = be.set_rows(SimRows{q, k, v, m, shared_id});  // what the policies see
     M.other_s += since(t0);
+    const View3<const float> qv(seen.q, {m, H, d}), kv(seen.k, {m, Hkv, d}), vv(seen.v, {m, Hkv, d});
     const PrefillLayer in{&s.layout, s.model, l, qv, kv, vv, std::span<const std::int64_t>(r.seq), be.scoring()};
 
     t0 = clock::now();
