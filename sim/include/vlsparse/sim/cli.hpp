@@ -171,6 +171,7 @@ inline const char* kCompareUsage =
     "  --no-html          no HTML report\n"
     "  --json FILE        also write the JSON report\n"
     "  --set PATH=VALUE   override a scenario key (see run --help)\n"
+    "  --backend NAME     cpu or cuda (see run --help)\n"
     "  --quiet            no progress bar\n"
     "  -h, --help         this text\n";
 
@@ -195,6 +196,7 @@ inline const char* kSweepUsage =
     "  --no-html          no HTML report\n"
     "  --json FILE        also write the JSON report\n"
     "  --set PATH=VALUE   override a scenario key (see run --help)\n"
+    "  --backend NAME     cpu or cuda (see run --help)\n"
     "  --quiet            no progress bar\n"
     "  -h, --help         this text\n";
 
