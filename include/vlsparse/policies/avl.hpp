@@ -90,4 +90,12 @@ AvlStep avl_decode_step(View2<const TQ> q, const KvCache<TC>& cache, DecodeSched
     return st;
 }
 
+// A-VL's operations on the SIMD backend: the concept of golden::run_avl_case (the signatures are listed
+// at reference::AvlOps), for code written once over a backend.
+struct AvlOps {
+    template <class... A> static auto scores(A&&... a) { return simd::avl_scores(std::forward<A>(a)...); }
+    template <class... A> static auto h2o(A&&... a) { return simd::avl_h2o_scores(std::forward<A>(a)...); }
+    template <class... A> static auto decode_step(A&&... a) { return simd::avl_decode_step(std::forward<A>(a)...); }
+};
+
 }  // namespace vlsparse::simd

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <numeric>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "vlsparse/attention/probe.hpp"
@@ -133,5 +134,25 @@ TokenSelection fastv_select(View3<const TQ> q, View3<const TK> k, const Layout& 
     layout.require_tokens(q.shape[0], fn);
     return fastv_select_from_scores(fastv_scores(q, k, P.attention()), layout, P);
 }
+
+// The baselines' operations on the SIMD backend: the concept of golden::run_baselines_case (the
+// signatures are listed at reference::BaselineOps), for code written once over a backend. decode's
+// probabilities come from the fp32 kernel, widened to double.
+struct BaselineOps {
+    template <ElementType T>
+    static std::vector<double> decode(View2<const T> q, const KvCache<T>& cache, const CacheRows& rows, View2<float> out,
+                                      std::int64_t width) {
+        const std::int64_t H = q.shape[0];
+        std::vector<float> probs(static_cast<std::size_t>(H * width));
+        simd::indexed_decode_attention(q, cache, rows, out, View2<float>(probs.data(), {H, width}));
+        return {probs.begin(), probs.end()};
+    }
+    template <class... A> static auto h2o_scores(A&&... a) { return simd::h2o_scores(std::forward<A>(a)...); }
+    template <class... A> static auto snapkv_window_scores(A&&... a) {
+        return simd::snapkv_window_scores(std::forward<A>(a)...);
+    }
+    template <class... A> static auto snapkv_pool(A&&... a) { return simd::snapkv_pool(std::forward<A>(a)...); }
+    template <class... A> static auto fastv_scores(A&&... a) { return simd::fastv_scores(std::forward<A>(a)...); }
+};
 
 }  // namespace vlsparse::simd

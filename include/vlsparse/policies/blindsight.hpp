@@ -61,6 +61,25 @@ std::vector<HeadCharacterization> characterize_prompt(View3<const TQ> q, View3<c
     return r;
 }
 
+// BlindSight's operations on the SIMD backend: the concept of golden::run_blindsight_case (the signatures
+// are listed at reference::BlindSightOps), for code written once over a backend. The block mask of
+// masked() and of characterize() has blocks of kQBlock queries x kKBlock keys (make_block_mask's default
+// 128 x 128 in BlindSightOps; the tests use blocks that do not divide n, so results cross block edges).
+template <std::int64_t kQBlock = 128, std::int64_t kKBlock = 128>
+struct BasicBlindSightOps {
+    template <ElementType T>
+    static void masked(View3<const T> q, View3<const T> k, View3<const T> v, const MaskContext& ctx,
+                       std::span<const MaskTemplate> heads, View3<float> out, const AttentionOptions& opt = {}) {
+        simd::masked_attention(q, k, v, make_block_mask(ctx, heads, kQBlock, kKBlock), out, opt);
+    }
+    template <ElementType T>
+    static std::vector<HeadCharacterization> characterize(View3<const T> q, View3<const T> k, View3<const T> v,
+                                                          const Layout& layout, const BlindSightParams& P) {
+        return simd::characterize_prompt(q, k, v, layout, P, kQBlock, kKBlock);
+    }
+};
+using BlindSightOps = BasicBlindSightOps<>;
+
 }  // namespace simd
 
 }  // namespace vlsparse

@@ -14,8 +14,10 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
+#include "vlsparse/attention/decode.hpp"
 #include "vlsparse/attention/dense.hpp"
 #include "vlsparse/attention/probe.hpp"
 #include "vlsparse/attention/sparse.hpp"
@@ -164,6 +166,14 @@ ZipVLSelection zipvl_prefill_layer(View3<const TQ> q, View3<const TK> k, View3<c
     zipvl_evict(cache, s);
     return s;
 }
+
+// ZipVL's operations on the SIMD backend: the concept of golden::run_zipvl_case (the signatures are
+// listed at reference::ZipVLOps), for code written once over a backend.
+struct ZipVLOps {
+    template <class... A> static auto select(A&&... a) { return simd::zipvl_select(std::forward<A>(a)...); }
+    template <class... A> static void prefill(A&&... a) { simd::zipvl_prefill(std::forward<A>(a)...); }
+    template <class... A> static void decode(A&&... a) { simd::decode_attention(std::forward<A>(a)...); }
+};
 
 }  // namespace simd
 }  // namespace vlsparse

@@ -81,4 +81,14 @@ AvlStep avl_decode_step(View2<const TQ> q, const KvCache<TC>& cache, DecodeSched
     return st;
 }
 
+// A-VL's operations on the reference backend: the concept of golden::run_avl_case, for code written once
+// over a backend (simd::AvlOps is the SIMD twin):
+//   scores(q [n, H, d], k [n, H_kv, d][, opt]) -> [n] (avl_scores);  h2o(q, k, AvlTextGroups[, opt]) -> [G][n]
+//   decode_step(q [H, d], KvCache, DecodeSchedule&, t, out [H, d][, opt]) -> AvlStep (avl_decode_step)
+struct AvlOps {
+    template <class... A> static auto scores(A&&... a) { return reference::avl_scores(std::forward<A>(a)...); }
+    template <class... A> static auto h2o(A&&... a) { return reference::avl_h2o_scores(std::forward<A>(a)...); }
+    template <class... A> static auto decode_step(A&&... a) { return reference::avl_decode_step(std::forward<A>(a)...); }
+};
+
 }  // namespace vlsparse::reference

@@ -14,10 +14,12 @@
 #include <cstdint>
 #include <numeric>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "vlsparse/policies/baselines_params.hpp"
 #include "vlsparse/reference/attention.hpp"
+#include "vlsparse/reference/indexed_decode.hpp"
 
 namespace vlsparse::reference {
 
@@ -143,5 +145,28 @@ TokenSelection fastv_select(View3<const TQ> q, View3<const TK> k, const Layout& 
     layout.require_tokens(q.shape[0], fn);
     return fastv_select_from_scores(fastv_scores(q, k, P.attention()), layout, P);
 }
+
+// The baselines' operations on the reference backend: the concept of golden::run_baselines_case, for
+// code written once over a backend (simd::BaselineOps is the SIMD twin):
+//   h2o_scores(q [n, H, d], k [n, H_kv, d], BaselineGroups[, opt]) -> [G][n]
+//   snapkv_window_scores(q, k, window, BaselineGroups[, opt]) -> [G][n - window]
+//   snapkv_pool(scores, kernel, SnapKVPooling) -> pooled scores;  fastv_scores(q, k[, opt]) -> [n]
+//   decode(q [H, d], KvCache, CacheRows, out [H, d], width) -> the probabilities [H, width] of indexed
+//     decode attention over the rows (row h: its KV head's list, in order, zero past its end)
+struct BaselineOps {
+    template <ElementType T>
+    static std::vector<double> decode(View2<const T> q, const KvCache<T>& cache, const CacheRows& rows, View2<float> out,
+                                      std::int64_t width) {
+        std::vector<double> probs(static_cast<std::size_t>(q.shape[0] * width));
+        reference::indexed_decode_attention(q, cache, rows, out, View2<double>(probs.data(), {q.shape[0], width}));
+        return probs;
+    }
+    template <class... A> static auto h2o_scores(A&&... a) { return reference::h2o_scores(std::forward<A>(a)...); }
+    template <class... A> static auto snapkv_window_scores(A&&... a) {
+        return reference::snapkv_window_scores(std::forward<A>(a)...);
+    }
+    template <class... A> static auto snapkv_pool(A&&... a) { return reference::snapkv_pool(std::forward<A>(a)...); }
+    template <class... A> static auto fastv_scores(A&&... a) { return reference::fastv_scores(std::forward<A>(a)...); }
+};
 
 }  // namespace vlsparse::reference

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "vlsparse/masks/templates.hpp"
@@ -79,5 +80,14 @@ std::vector<HeadCharacterization> characterize_prompt(View3<const TQ> q, View3<c
     for (auto& c : r) c.chosen = choose_template(c.nmse, P.alpha);
     return r;
 }
+
+// BlindSight's operations on the reference backend: the concept of golden::run_blindsight_case, for code
+// written once over a backend (simd::BlindSightOps is the SIMD twin):
+//   masked(q [n, H, d], k, v [n, H_kv, d], MaskContext, heads (one template per query head), out [n, H, d][, opt])
+//   characterize(q, k, v, layout, P) -> one HeadCharacterization per query head (Algorithm 1)
+struct BlindSightOps {
+    template <class... A> static void masked(A&&... a) { reference::masked_attention(std::forward<A>(a)...); }
+    template <class... A> static auto characterize(A&&... a) { return reference::characterize_prompt(std::forward<A>(a)...); }
+};
 
 }  // namespace vlsparse::reference

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <numeric>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "vlsparse/core/layout.hpp"
@@ -147,5 +148,15 @@ void zipvl_prefill(View3<const TQ> q, View3<const TK> k, View3<const TK> v, cons
     }
     sparse_attention(q, k, v, s.selection, out, P.unselected, P.attention());
 }
+
+// ZipVL's operations on the reference backend: the concept of golden::run_zipvl_case, for code written
+// once over a backend (simd::ZipVLOps is the SIMD twin):
+//   select(q [n, H, d], k [n, H_kv, d], layout, layer, P[, probes]) -> ZipVLSelection
+//   prefill(q, k, v, selection, out [n, H, d], P);  decode(q [H, d], KvCache, out [H, d], AttentionOptions)
+struct ZipVLOps {
+    template <class... A> static auto select(A&&... a) { return reference::zipvl_select(std::forward<A>(a)...); }
+    template <class... A> static void prefill(A&&... a) { reference::zipvl_prefill(std::forward<A>(a)...); }
+    template <class... A> static void decode(A&&... a) { reference::decode_attention(std::forward<A>(a)...); }
+};
 
 }  // namespace vlsparse::reference
