@@ -142,10 +142,9 @@ void purekv_st_attention(View3<const TQ> q, View3<const TK> k, View3<const TK> v
     masked_attention(q, k, v, purekv_block_mask(layout, q.shape[1], P), out, P.attention());
 }
 
-namespace detail {
-
-// The SIMD steps of BasicPureKVEstimator.
-struct PureKVBackend {
+// PureKV's operations on the SIMD backend: the concept of BasicPureKVEstimator's Backend
+// (purekv_params.hpp: window_scores, select, masked, dense, uses_block_mask); reference::PureKVOps is the twin.
+struct PureKVOps {
     static constexpr bool uses_block_mask = true;
     template <class TQ, class TK>
     static PureKVScores window_scores(View3<const TQ> q, View3<const TK> k, std::int64_t layer, const PureKVParams& P) {
@@ -166,9 +165,11 @@ struct PureKVBackend {
     }
 };
 
+namespace detail {
+using PureKVBackend [[deprecated("use simd::PureKVOps")]] = PureKVOps;
 }  // namespace detail
 
 // The cross-layer estimator on the SIMD path (see purekv_params.hpp).
-using PureKVEstimator = BasicPureKVEstimator<detail::PureKVBackend>;
+using PureKVEstimator = BasicPureKVEstimator<PureKVOps>;
 
 }  // namespace vlsparse::simd

@@ -120,10 +120,9 @@ void purekv_st_attention(View3<const TQ> q, View3<const TK> k, View3<const TK> v
                      out, P.attention());
 }
 
-namespace detail {
-
-// The reference steps of BasicPureKVEstimator.
-struct PureKVBackend {
+// PureKV's operations on the reference backend: the concept of BasicPureKVEstimator's Backend
+// (purekv_params.hpp: window_scores, select, masked, dense, uses_block_mask); simd::PureKVOps is the twin.
+struct PureKVOps {
     static constexpr bool uses_block_mask = false;
     template <class TQ, class TK>
     static PureKVScores window_scores(View3<const TQ> q, View3<const TK> k, std::int64_t layer, const PureKVParams& P) {
@@ -145,9 +144,11 @@ struct PureKVBackend {
     }
 };
 
+namespace detail {
+using PureKVBackend [[deprecated("use reference::PureKVOps")]] = PureKVOps;
 }  // namespace detail
 
 // The cross-layer estimator on the reference path (see purekv_params.hpp).
-using PureKVEstimator = BasicPureKVEstimator<detail::PureKVBackend>;
+using PureKVEstimator = BasicPureKVEstimator<PureKVOps>;
 
 }  // namespace vlsparse::reference
