@@ -20,21 +20,6 @@ using namespace vlsparse;
 
 namespace {
 
-struct ReferenceBackend {
-    template <class T>
-    static std::vector<double> scores(View3<const T> q, View3<const T> k) {
-        return reference::avl_scores(q, k);
-    }
-    template <class T>
-    static std::vector<std::vector<double>> h2o(View3<const T> q, View3<const T> k, AvlTextGroups g) {
-        return reference::avl_h2o_scores(q, k, g);
-    }
-    template <class T>
-    static AvlStep decode_step(View2<const T> q, const KvCache<T>& c, DecodeSchedule& s, std::int64_t t, View2<float> o) {
-        return reference::avl_decode_step(q, c, s, t, o);
-    }
-};
-
 struct CaseDef {
     std::string name, description, dtype, layout;
     std::int64_t H, Hkv, d, steps = 12;
@@ -83,7 +68,7 @@ bool try_case(const fs::path& root, const CaseDef& def, std::uint64_t seed) {
     c.dv = rounded(D.v);
 
     golden::AvlRunInfo info;
-    auto outputs = golden::run_avl_case<ReferenceBackend>(c, &info);
+    auto outputs = golden::run_avl_case<reference::AvlOps>(c, &info);
     if (info.margin < 1e-5) return false;
     std::printf("  %-28s n=%-4lld H=%lld/%lld d=%-3lld %-4s steps=%lld seed=%llu margin %.2e\n", def.name.c_str(),
                 static_cast<long long>(n), static_cast<long long>(c.H), static_cast<long long>(c.Hkv),

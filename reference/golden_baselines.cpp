@@ -14,38 +14,11 @@
 #include <vlsparse/reference/baselines.hpp>
 #include <vlsparse/reference/baselines_golden.hpp>
 #include <vlsparse/reference/golden_writer.hpp>
-#include <vlsparse/reference/indexed_decode.hpp>
 
 namespace fs = std::filesystem;
 using namespace vlsparse;
 
 namespace {
-
-struct ReferenceBackend {
-    template <class T>
-    static std::vector<std::vector<double>> h2o_scores(View3<const T> q, View3<const T> k, BaselineGroups g) {
-        return reference::h2o_scores(q, k, g);
-    }
-    template <class T>
-    static std::vector<std::vector<double>> snapkv_window_scores(View3<const T> q, View3<const T> k, std::int64_t w,
-                                                                 BaselineGroups g) {
-        return reference::snapkv_window_scores(q, k, w, g);
-    }
-    static std::vector<double> snapkv_pool(const std::vector<double>& s, std::int64_t kernel, SnapKVPooling p) {
-        return reference::snapkv_pool(s, kernel, p);
-    }
-    template <class T>
-    static std::vector<double> fastv_scores(View3<const T> q, View3<const T> k) {
-        return reference::fastv_scores(q, k);
-    }
-    template <class T>
-    static std::vector<double> decode(View2<const T> q, const KvCache<T>& c, const CacheRows& rows, View2<float> o,
-                                      std::int64_t L) {
-        std::vector<double> probs(static_cast<std::size_t>(q.shape[0] * L));
-        reference::indexed_decode_attention(q, c, rows, o, View2<double>(probs.data(), {q.shape[0], L}));
-        return probs;
-    }
-};
 
 struct CaseDef {
     std::string name, description, dtype, layout;
@@ -99,7 +72,7 @@ bool try_case(const fs::path& root, const CaseDef& def, std::uint64_t seed) {
         }
     }
     golden::BaselineRunInfo info;
-    auto outputs = golden::run_baselines_case<ReferenceBackend>(c, &info);
+    auto outputs = golden::run_baselines_case<reference::BaselineOps>(c, &info);
     if (info.margin < 1e-5) return false;
     if (def.attention)
         std::printf("  %-28s n=%-4lld H=%lld/%lld d=%-3lld %-4s steps=%lld seed=%llu margin %.2e\n", def.name.c_str(),

@@ -22,19 +22,6 @@ using namespace vlsparse;
 
 namespace {
 
-struct ReferenceBackend {
-    template <class T>
-    static void masked(View3<const T> q, View3<const T> k, View3<const T> v, const MaskContext& c,
-                       std::span<const MaskTemplate> heads, View3<float> o) {
-        reference::masked_attention(q, k, v, c, heads, o);
-    }
-    template <class T>
-    static std::vector<HeadCharacterization> characterize(View3<const T> q, View3<const T> k, View3<const T> v,
-                                                          const Layout& l, const BlindSightParams& P) {
-        return reference::characterize_prompt(q, k, v, l, P);
-    }
-};
-
 struct CaseDef {
     std::string name, description, layout;
     BlindSightParams params{};
@@ -87,7 +74,7 @@ void write_case(const fs::path& root, const CaseDef& def) {
             c.counts.insert(c.counts.end(), cnt, cnt + 4);
         }
     }
-    const auto outputs = golden::run_blindsight_case<ReferenceBackend>(c);
+    const auto outputs = golden::run_blindsight_case<reference::BlindSightOps>(c);
     for (const auto& o : outputs)
         if (o.name == "nmse") {
             const auto v = o.array.to_vector<double>();

@@ -131,7 +131,7 @@ bool try_case(const fs::path& root, const CaseDef& def, std::uint64_t seed) {
     w.input("decode_q", c.dq, {c.steps, c.H, c.d}, "decode-step queries [S, H, d]");
     w.input("decode_k", c.dk, {c.steps, c.Hkv, c.d}, "decode-step keys, appended before each step [S, H_kv, d]");
     w.input("decode_v", c.dv, {c.steps, c.Hkv, c.d}, "decode-step values [S, H_kv, d]");
-    for (auto& out : golden::run_zipvl_case<golden::ZipVLReferenceBackend>(c)) {
+    for (auto& out : golden::run_zipvl_case<reference::ZipVLOps>(c)) {
         GoldenTensor t;
         t.name = out.name;
         golden::zipvl_output_metric(out.name).apply(t);

@@ -613,31 +613,6 @@ std::filesystem::path avl_golden_root() {
     return std::filesystem::path(VLSPARSE_SOURCE_DIR) / "golden" / "avl";
 }
 
-struct AvlRefBackend {
-    template <class T>
-    static std::vector<double> scores(View3<const T> q, View3<const T> k) { return reference::avl_scores(q, k); }
-    template <class T>
-    static std::vector<std::vector<double>> h2o(View3<const T> q, View3<const T> k, AvlTextGroups g) {
-        return reference::avl_h2o_scores(q, k, g);
-    }
-    template <class T>
-    static AvlStep decode_step(View2<const T> q, const KvCache<T>& c, DecodeSchedule& s, std::int64_t t, View2<float> o) {
-        return reference::avl_decode_step(q, c, s, t, o);
-    }
-};
-struct AvlSimdBackend {
-    template <class T>
-    static std::vector<double> scores(View3<const T> q, View3<const T> k) { return simd::avl_scores(q, k); }
-    template <class T>
-    static std::vector<std::vector<double>> h2o(View3<const T> q, View3<const T> k, AvlTextGroups g) {
-        return simd::avl_h2o_scores(q, k, g);
-    }
-    template <class T>
-    static AvlStep decode_step(View2<const T> q, const KvCache<T>& c, DecodeSchedule& s, std::int64_t t, View2<float> o) {
-        return simd::avl_decode_step(q, c, s, t, o);
-    }
-};
-
 template <class Backend>
 void check_avl_case(const std::filesystem::path& dir, const char* backend) {
     INFO("case " << dir.string() << ", backend " << backend);
@@ -658,8 +633,8 @@ TEST_CASE("avl: golden traces (12 steps, K = 3) from both paths", "[avl][golden]
     std::sort(dirs.begin(), dirs.end());
     REQUIRE(dirs.size() == 3);
     for (const auto& d : dirs) {
-        check_avl_case<AvlRefBackend>(d, "reference");
-        check_avl_case<AvlSimdBackend>(d, "simd");
+        check_avl_case<reference::AvlOps>(d, "reference");
+        check_avl_case<simd::AvlOps>(d, "simd");
     }
 }
 #endif

@@ -673,49 +673,6 @@ std::filesystem::path baselines_golden_root() {
     return std::filesystem::path(VLSPARSE_SOURCE_DIR) / "golden" / "baselines";
 }
 
-struct BaselinesRefBackend {
-    template <class T>
-    static std::vector<std::vector<double>> h2o_scores(View3<const T> q, View3<const T> k, BaselineGroups g) {
-        return reference::h2o_scores(q, k, g);
-    }
-    template <class T>
-    static std::vector<std::vector<double>> snapkv_window_scores(View3<const T> q, View3<const T> k, std::int64_t w, BaselineGroups g) {
-        return reference::snapkv_window_scores(q, k, w, g);
-    }
-    static std::vector<double> snapkv_pool(const std::vector<double>& s, std::int64_t kernel, SnapKVPooling p) {
-        return reference::snapkv_pool(s, kernel, p);
-    }
-    template <class T>
-    static std::vector<double> fastv_scores(View3<const T> q, View3<const T> k) { return reference::fastv_scores(q, k); }
-    template <class T>
-    static std::vector<double> decode(View2<const T> q, const KvCache<T>& c, const CacheRows& rows, View2<float> o, std::int64_t L) {
-        std::vector<double> probs(static_cast<std::size_t>(q.shape[0] * L));
-        reference::indexed_decode_attention(q, c, rows, o, View2<double>(probs.data(), {q.shape[0], L}));
-        return probs;
-    }
-};
-struct BaselinesSimdBackend {
-    template <class T>
-    static std::vector<std::vector<double>> h2o_scores(View3<const T> q, View3<const T> k, BaselineGroups g) {
-        return simd::h2o_scores(q, k, g);
-    }
-    template <class T>
-    static std::vector<std::vector<double>> snapkv_window_scores(View3<const T> q, View3<const T> k, std::int64_t w, BaselineGroups g) {
-        return simd::snapkv_window_scores(q, k, w, g);
-    }
-    static std::vector<double> snapkv_pool(const std::vector<double>& s, std::int64_t kernel, SnapKVPooling p) {
-        return simd::snapkv_pool(s, kernel, p);
-    }
-    template <class T>
-    static std::vector<double> fastv_scores(View3<const T> q, View3<const T> k) { return simd::fastv_scores(q, k); }
-    template <class T>
-    static std::vector<double> decode(View2<const T> q, const KvCache<T>& c, const CacheRows& rows, View2<float> o, std::int64_t L) {
-        std::vector<float> probs(static_cast<std::size_t>(q.shape[0] * L));
-        simd::indexed_decode_attention(q, c, rows, o, View2<float>(probs.data(), {q.shape[0], L}));
-        return {probs.begin(), probs.end()};
-    }
-};
-
 template <class Backend>
 void check_baselines_case(const std::filesystem::path& dir, const char* backend) {
     INFO("case " << dir.string() << ", backend " << backend);
@@ -736,8 +693,8 @@ TEST_CASE("baselines: golden cases from both paths", "[baselines][golden]") {
     std::set<std::string> kinds;
     for (const auto& d : dirs) {
         kinds.insert(golden::read_baselines_inputs(d).baseline);
-        check_baselines_case<BaselinesRefBackend>(d, "reference");
-        check_baselines_case<BaselinesSimdBackend>(d, "simd");
+        check_baselines_case<reference::BaselineOps>(d, "reference");
+        check_baselines_case<simd::BaselineOps>(d, "simd");
     }
     REQUIRE(kinds == std::set<std::string>{"h2o", "snapkv", "streamingllm", "fastv", "random", "fixed_ratio"});
 }

@@ -612,33 +612,6 @@ std::vector<std::filesystem::path> golden_cases() {
     return out;
 }
 
-struct ReferenceBackend {
-    template <class T>
-    static void masked(View3<const T> q, View3<const T> k, View3<const T> v, const MaskContext& c,
-                       std::span<const MaskTemplate> heads, View3<float> o) {
-        reference::masked_attention(q, k, v, c, heads, o);
-    }
-    template <class T>
-    static std::vector<HeadCharacterization> characterize(View3<const T> q, View3<const T> k, View3<const T> v,
-                                                          const Layout& l, const BlindSightParams& P) {
-        return reference::characterize_prompt(q, k, v, l, P);
-    }
-};
-
-// The SIMD path with small blocks that do not divide n, so goldens cross block boundaries.
-struct BlindSightSimdBackend {
-    template <class T>
-    static void masked(View3<const T> q, View3<const T> k, View3<const T> v, const MaskContext& c,
-                       std::span<const MaskTemplate> heads, View3<float> o) {
-        simd::masked_attention(q, k, v, make_block_mask(c, heads, 16, 24), o);
-    }
-    template <class T>
-    static std::vector<HeadCharacterization> characterize(View3<const T> q, View3<const T> k, View3<const T> v,
-                                                          const Layout& l, const BlindSightParams& P) {
-        return simd::characterize_prompt(q, k, v, l, P, 16, 24);
-    }
-};
-
 template <class Backend>
 void check_golden_case(const std::filesystem::path& dir, const char* backend) {
     INFO("case " << dir.string() << ", backend " << backend);
@@ -683,9 +656,10 @@ TEST_CASE("golden blindsight: the suite covers the required cases", "[blindsight
 }
 
 TEST_CASE("golden blindsight: the reference reproduces every case", "[blindsight][golden]") {
-    for (const auto& dir : golden_cases()) check_golden_case<ReferenceBackend>(dir, "reference");
+    for (const auto& dir : golden_cases()) check_golden_case<reference::BlindSightOps>(dir, "reference");
 }
 
 TEST_CASE("golden blindsight: the SIMD path meets every case's tolerances", "[blindsight][golden]") {
-    for (const auto& dir : golden_cases()) check_golden_case<BlindSightSimdBackend>(dir, "simd");
+    // Small blocks that do not divide n, so the goldens cross block boundaries.
+    for (const auto& dir : golden_cases()) check_golden_case<simd::BasicBlindSightOps<16, 24>>(dir, "simd");
 }

@@ -171,8 +171,8 @@ std::vector<NamedArray> run_zipvl_typed(const ZipVLCaseInputs& c) {
 
 }  // namespace detail
 
-// Runs a case through a backend: a type with static select / prefill / decode functions that
-// forward to reference:: or simd:: (see tests/golden_test.cpp). Returns every output by name.
+// Runs a case through a backend: a type with static select / prefill / decode functions
+// (reference::ZipVLOps, simd::ZipVLOps; signatures at reference::ZipVLOps). Returns every output by name.
 template <class Backend>
 std::vector<NamedArray> run_zipvl_case(const ZipVLCaseInputs& c) {
     if (c.dtype == "fp32") return detail::run_zipvl_typed<Backend, float>(c);
@@ -181,23 +181,7 @@ std::vector<NamedArray> run_zipvl_case(const ZipVLCaseInputs& c) {
     throw error("run_zipvl_case", "input dtype '" + c.dtype + "', expected fp32, fp16 or bf16");
 }
 
-// The reference as a backend for run_zipvl_case (the generator and the golden tests use it).
-struct ZipVLReferenceBackend {
-    template <class T>
-    static ZipVLSelection select(View3<const T> q, View3<const T> k, const Layout& l, std::int64_t layer,
-                                 const ZipVLParams& P) {
-        return reference::zipvl_select(q, k, l, layer, P);
-    }
-    template <class T>
-    static void prefill(View3<const T> q, View3<const T> k, View3<const T> v, const ZipVLSelection& s, View3<float> o,
-                        const ZipVLParams& P) {
-        reference::zipvl_prefill(q, k, v, s, o, P);
-    }
-    template <class T>
-    static void decode(View2<const T> q, const KvCache<T>& c, View2<float> o, const AttentionOptions& opt) {
-        reference::decode_attention(q, c, o, opt);
-    }
-};
+using ZipVLReferenceBackend [[deprecated("use reference::ZipVLOps")]] = reference::ZipVLOps;
 
 // The metric and tolerances of each ZipVL output.
 inline OutputMetric zipvl_output_metric(const std::string& name) {
