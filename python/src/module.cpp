@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "common.hpp"
@@ -42,64 +44,56 @@ namespace {
 
 using namespace pybind11::literals;
 
-// ---- the two backends, one static function per operation ------------------------------------
+// ---- the two backends -------------------------------------------------------------------------
 
-struct ReferenceBackend {
-    template <class... A> static void dense(A&&... a) { reference::dense_attention(std::forward<A>(a)...); }
-    template <class... A> static void sparse(A&&... a) { reference::sparse_attention(std::forward<A>(a)...); }
-    template <class... A> static void decode(A&&... a) { reference::decode_attention(std::forward<A>(a)...); }
-    template <class... A> static void batched_decode(A&&... a) { reference::batched_decode_attention(std::forward<A>(a)...); }
-    template <class... A> static auto zipvl_select(A&&... a) { return reference::zipvl_select(std::forward<A>(a)...); }
-    template <class... A> static void zipvl_prefill(A&&... a) { reference::zipvl_prefill(std::forward<A>(a)...); }
-    template <class... A> static auto avl_scores(A&&... a) { return reference::avl_scores(std::forward<A>(a)...); }
-    template <class... A> static auto avl_h2o_scores(A&&... a) { return reference::avl_h2o_scores(std::forward<A>(a)...); }
-    template <class... A> static auto avl_decode_step(A&&... a) { return reference::avl_decode_step(std::forward<A>(a)...); }
-    template <class... A> static auto purekv_window_scores(A&&... a) { return reference::purekv_window_scores(std::forward<A>(a)...); }
-    template <class... A> static auto purekv_select(A&&... a) { return reference::purekv_select(std::forward<A>(a)...); }
-    template <class... A> static void purekv_st_attention(A&&... a) { reference::purekv_st_attention(std::forward<A>(a)...); }
-    template <class... A> static auto purekv_validate(A&&... a) { return reference::purekv_validate(std::forward<A>(a)...); }
-    template <class TQ, class TK>
-    static void masked(View3<const TQ> q, View3<const TK> k, View3<const TK> v, const MaskContext& ctx,
-                       const std::vector<MaskTemplate>& heads, View3<float> out, const AttentionOptions& opt) {
-        reference::masked_attention(q, k, v, ctx, std::span<const MaskTemplate>(heads), out, opt);
-    }
-    template <class... A> static auto characterize(A&&... a) { return reference::characterize_prompt(std::forward<A>(a)...); }
-    template <class... A> static auto h2o_scores(A&&... a) { return reference::h2o_scores(std::forward<A>(a)...); }
-    template <class... A> static auto h2o_select(A&&... a) { return reference::h2o_select(std::forward<A>(a)...); }
-    template <class... A> static auto snapkv_window_scores(A&&... a) { return reference::snapkv_window_scores(std::forward<A>(a)...); }
-    template <class... A> static auto snapkv_select(A&&... a) { return reference::snapkv_select(std::forward<A>(a)...); }
-    template <class... A> static auto snapkv_pool(A&&... a) { return reference::snapkv_pool(std::forward<A>(a)...); }
-    template <class... A> static auto fastv_scores(A&&... a) { return reference::fastv_scores(std::forward<A>(a)...); }
-    template <class... A> static auto fastv_select(A&&... a) { return reference::fastv_select(std::forward<A>(a)...); }
-};
+// One backend: the library's ops type of each algorithm on that path (reference:: or simd::), and the
+// functions no ops type carries (attention, the baselines' selections, PureKV's validation and ST
+// prefill) from the same namespace.
+template <bool kSimd>
+struct Path {
+    template <class R, class S> using Pick = std::conditional_t<kSimd, S, R>;
+    using ZipVL = Pick<reference::ZipVLOps, simd::ZipVLOps>;
+    using Avl = Pick<reference::AvlOps, simd::AvlOps>;
+    using Baseline = Pick<reference::BaselineOps, simd::BaselineOps>;
+    using BlindSight = Pick<reference::BlindSightOps, simd::BlindSightOps>;
+    using PureKV = Pick<reference::PureKVOps, simd::PureKVOps>;
 
-struct SimdBackend {
-    template <class... A> static void dense(A&&... a) { simd::dense_attention(std::forward<A>(a)...); }
-    template <class... A> static void sparse(A&&... a) { simd::sparse_attention(std::forward<A>(a)...); }
-    template <class... A> static void decode(A&&... a) { simd::decode_attention(std::forward<A>(a)...); }
-    template <class... A> static void batched_decode(A&&... a) { simd::batched_decode_attention(std::forward<A>(a)...); }
-    template <class... A> static auto zipvl_select(A&&... a) { return simd::zipvl_select(std::forward<A>(a)...); }
-    template <class... A> static void zipvl_prefill(A&&... a) { simd::zipvl_prefill(std::forward<A>(a)...); }
-    template <class... A> static auto avl_scores(A&&... a) { return simd::avl_scores(std::forward<A>(a)...); }
-    template <class... A> static auto avl_h2o_scores(A&&... a) { return simd::avl_h2o_scores(std::forward<A>(a)...); }
-    template <class... A> static auto avl_decode_step(A&&... a) { return simd::avl_decode_step(std::forward<A>(a)...); }
-    template <class... A> static auto purekv_window_scores(A&&... a) { return simd::purekv_window_scores(std::forward<A>(a)...); }
-    template <class... A> static auto purekv_select(A&&... a) { return simd::purekv_select(std::forward<A>(a)...); }
-    template <class... A> static void purekv_st_attention(A&&... a) { simd::purekv_st_attention(std::forward<A>(a)...); }
-    template <class... A> static auto purekv_validate(A&&... a) { return simd::purekv_validate(std::forward<A>(a)...); }
-    template <class TQ, class TK>
-    static void masked(View3<const TQ> q, View3<const TK> k, View3<const TK> v, const MaskContext& ctx,
-                       const std::vector<MaskTemplate>& heads, View3<float> out, const AttentionOptions& opt) {
-        simd::masked_attention(q, k, v, make_block_mask(ctx, std::span<const MaskTemplate>(heads)), out, opt);
+    template <class... A> static void dense(A&&... a) {
+        if constexpr (kSimd) simd::dense_attention(std::forward<A>(a)...);
+        else reference::dense_attention(std::forward<A>(a)...);
     }
-    template <class... A> static auto characterize(A&&... a) { return simd::characterize_prompt(std::forward<A>(a)...); }
-    template <class... A> static auto h2o_scores(A&&... a) { return simd::h2o_scores(std::forward<A>(a)...); }
-    template <class... A> static auto h2o_select(A&&... a) { return simd::h2o_select(std::forward<A>(a)...); }
-    template <class... A> static auto snapkv_window_scores(A&&... a) { return simd::snapkv_window_scores(std::forward<A>(a)...); }
-    template <class... A> static auto snapkv_select(A&&... a) { return simd::snapkv_select(std::forward<A>(a)...); }
-    template <class... A> static auto snapkv_pool(A&&... a) { return simd::snapkv_pool(std::forward<A>(a)...); }
-    template <class... A> static auto fastv_scores(A&&... a) { return simd::fastv_scores(std::forward<A>(a)...); }
-    template <class... A> static auto fastv_select(A&&... a) { return simd::fastv_select(std::forward<A>(a)...); }
+    template <class... A> static void sparse(A&&... a) {
+        if constexpr (kSimd) simd::sparse_attention(std::forward<A>(a)...);
+        else reference::sparse_attention(std::forward<A>(a)...);
+    }
+    template <class... A> static void decode(A&&... a) {
+        if constexpr (kSimd) simd::decode_attention(std::forward<A>(a)...);
+        else reference::decode_attention(std::forward<A>(a)...);
+    }
+    template <class... A> static void batched_decode(A&&... a) {
+        if constexpr (kSimd) simd::batched_decode_attention(std::forward<A>(a)...);
+        else reference::batched_decode_attention(std::forward<A>(a)...);
+    }
+    template <class... A> static TokenSelection h2o_select(A&&... a) {
+        if constexpr (kSimd) return simd::h2o_select(std::forward<A>(a)...);
+        else return reference::h2o_select(std::forward<A>(a)...);
+    }
+    template <class... A> static TokenSelection snapkv_select(A&&... a) {
+        if constexpr (kSimd) return simd::snapkv_select(std::forward<A>(a)...);
+        else return reference::snapkv_select(std::forward<A>(a)...);
+    }
+    template <class... A> static TokenSelection fastv_select(A&&... a) {
+        if constexpr (kSimd) return simd::fastv_select(std::forward<A>(a)...);
+        else return reference::fastv_select(std::forward<A>(a)...);
+    }
+    template <class... A> static PureKVLayerValidation purekv_validate(A&&... a) {
+        if constexpr (kSimd) return simd::purekv_validate(std::forward<A>(a)...);
+        else return reference::purekv_validate(std::forward<A>(a)...);
+    }
+    template <class... A> static void purekv_st_attention(A&&... a) {
+        if constexpr (kSimd) simd::purekv_st_attention(std::forward<A>(a)...);
+        else reference::purekv_st_attention(std::forward<A>(a)...);
+    }
 };
 
 // ---- helpers ----------------------------------------------------------------------------------
@@ -294,7 +288,7 @@ void bind_backend(py::module_& m) {
             using T = typename decltype(tag)::type;
             const auto Q = view<T, 3>(in.arrays[0], "zipvl_select", "q"), K = view<T, 3>(in.arrays[1], "zipvl_select", "k");
             py::gil_scoped_release nogil;
-            return B::zipvl_select(Q, K, L, layer, P, std::span<const std::int64_t>(pr));
+            return B::ZipVL::select(Q, K, L, layer, P, std::span<const std::int64_t>(pr));
         });
     }, "q"_a, "k"_a, "layout"_a = py::none(), "layer"_a = 0, "params"_a = py::none(), "probes"_a = py::none(),
        "ZipVL's selection of one layer (probes, scores, p, kept sets) -> ZipVLSelection.");
@@ -308,7 +302,7 @@ void bind_backend(py::module_& m) {
             const auto Q = view<T, 3>(in.arrays[0], "zipvl_prefill", "q"), K = view<T, 3>(in.arrays[1], "zipvl_prefill", "k"),
                        Vv = view<T, 3>(in.arrays[2], "zipvl_prefill", "v");
             py::gil_scoped_release nogil;
-            B::zipvl_prefill(Q, K, Vv, s, out3(out), P);
+            B::ZipVL::prefill(Q, K, Vv, s, out3(out), P);
         });
         return out;
     }, "q"_a, "k"_a, "v"_a, "selection"_a, "params"_a = py::none(),
@@ -333,7 +327,7 @@ void bind_backend(py::module_& m) {
             using T = typename decltype(tag)::type;
             const auto Q = view<T, 3>(in.arrays[0], "avl_scores", "q"), K = view<T, 3>(in.arrays[1], "avl_scores", "k");
             py::gil_scoped_release nogil;
-            return B::avl_scores(Q, K, attention_options(scale, check_finite));
+            return B::Avl::scores(Q, K, attention_options(scale, check_finite));
         }));
     }, "q"_a, "k"_a, py::kw_only(), "scale"_a = 0.0f, "check_finite"_a = true,
        "A-VL's score of every key: the last query row's attention averaged over the query heads -> [n_k] float64.");
@@ -345,7 +339,7 @@ void bind_backend(py::module_& m) {
             using T = typename decltype(tag)::type;
             const auto Q = view<T, 3>(in.arrays[0], "avl_h2o_scores", "q"), K = view<T, 3>(in.arrays[1], "avl_h2o_scores", "k");
             py::gil_scoped_release nogil;
-            return B::avl_h2o_scores(Q, K, g, attention_options(scale, check_finite));
+            return B::Avl::h2o(Q, K, g, attention_options(scale, check_finite));
         }));
     }, "q"_a, "k"_a, "groups"_a = "per_kv_head", py::kw_only(), "scale"_a = 0.0f, "check_finite"_a = true,
        "H2O's accumulated attention over the causal prefill -> [G, n_k] float64.");
@@ -358,11 +352,11 @@ void bind_backend(py::module_& m) {
             using T = typename decltype(tag)::type;
             const auto Q = view<T, 3>(in.arrays[0], "avl_prefill_select", "q"), K = view<T, 3>(in.arrays[1], "avl_prefill_select", "k");
             py::gil_scoped_release nogil;
-            const std::vector<double> scores = B::avl_scores(Q, K, AttentionOptions{});
+            const std::vector<double> scores = B::Avl::scores(Q, K, AttentionOptions{});
             std::vector<std::vector<std::int64_t>> text;
             if (P.text_rate > 0.0) {
                 const std::int64_t group = P.text_groups == AvlTextGroups::per_kv_head ? 1 : Q.shape[1] / K.shape[1];
-                text = avl_text_h2o(B::avl_h2o_scores(Q, K, P.text_groups, AttentionOptions{}), L, P, group);
+                text = avl_text_h2o(B::Avl::h2o(Q, K, P.text_groups, AttentionOptions{}), L, P, group);
             }
             return avl_select(scores, L, P, {}, text);
         });
@@ -401,7 +395,7 @@ void bind_backend(py::module_& m) {
             for (std::int64_t t = 0; t < S; ++t) {
                 cache.append(View2<const T>(DK.row(t, 0), {DK.shape[1], DK.shape[2]}, {DK.stride[1], DK.stride[2]}),
                              View2<const T>(DV.row(t, 0), {DV.shape[1], DV.shape[2]}, {DV.stride[1], DV.stride[2]}));
-                const AvlStep st = B::avl_decode_step(View2<const T>(DQ.row(t, 0), {H, d}, {DQ.stride[1], DQ.stride[2]}), cache, sch, t,
+                const AvlStep st = B::Avl::decode_step(View2<const T>(DQ.row(t, 0), {H, d}, {DQ.stride[1], DQ.stride[2]}), cache, sch, t,
                                                       View2<float>(om + t * H * d, {H, d}), attention_options(scale, check_finite));
                 for (auto p : sch.core()) core.mutable_data()[t * n + p] = 1;
                 for (std::int64_t g = 0; g < G; ++g)
@@ -428,7 +422,7 @@ void bind_backend(py::module_& m) {
             using T = typename decltype(tag)::type;
             const auto Q = view<T, 3>(in.arrays[0], "purekv_window_scores", "q"), K = view<T, 3>(in.arrays[1], "purekv_window_scores", "k");
             py::gil_scoped_release nogil;
-            return B::purekv_window_scores(Q, K, layer, P);
+            return B::PureKV::window_scores(Q, K, layer, P);
         });
     }, "q"_a, "k"_a, "layer"_a, "params"_a = py::none(), "PureKV's Eq. 2 window scores of one layer -> PureKVScores.");
 
@@ -439,7 +433,7 @@ void bind_backend(py::module_& m) {
             using T = typename decltype(tag)::type;
             const auto Vv = view<T, 3>(in.arrays[0], "purekv_select", "v");
             py::gil_scoped_release nogil;
-            return B::purekv_select(s, Vv, layer, P);
+            return B::PureKV::select(s, Vv, layer, P);
         });
     }, "scores"_a, "v"_a, "layer"_a, "params"_a = py::none(),
        "PureKV's importance (Eq. 3-4) and kept set of layer `layer` from `scores` (its own, or layer l0's) -> PureKVSelection.");
@@ -495,7 +489,7 @@ void bind_backend(py::module_& m) {
             L.require_tokens(Q.shape[0], fn);
             py::gil_scoped_release nogil;
             const MaskContext ctx = make_mask_context(L, P.mask);
-            B::masked(Q, K, Vv, ctx, heads, out3(out), AttentionOptions{P.scale, P.check_finite});
+            B::BlindSight::masked(Q, K, Vv, ctx, heads, out3(out), AttentionOptions{P.scale, P.check_finite});
         });
         return out;
     }, "q"_a, "k"_a, "v"_a, "layout"_a, "templates"_a, "params"_a = py::none(),
@@ -511,7 +505,7 @@ void bind_backend(py::module_& m) {
             const char* fn = "blindsight_characterize";
             const auto Q = view<T, 3>(in.arrays[0], fn, "q"), K = view<T, 3>(in.arrays[1], fn, "k"), Vv = view<T, 3>(in.arrays[2], fn, "v");
             py::gil_scoped_release nogil;
-            return B::characterize(Q, K, Vv, L, P);
+            return B::BlindSight::characterize(Q, K, Vv, L, P);
         });
         py::list heads;
         for (const auto& h : r) {
@@ -532,7 +526,7 @@ void bind_backend(py::module_& m) {
             using T = typename decltype(tag)::type;
             const auto Q = view<T, 3>(in.arrays[0], "h2o_scores", "q"), K = view<T, 3>(in.arrays[1], "h2o_scores", "k");
             py::gil_scoped_release nogil;
-            return B::h2o_scores(Q, K, g, attention_options(scale, check_finite));
+            return B::Baseline::h2o_scores(Q, K, g, attention_options(scale, check_finite));
         }));
     }, "q"_a, "k"_a, "groups"_a = "kv_head", py::kw_only(), "scale"_a = 0.0f, "check_finite"_a = true,
        "H2O's accumulated attention over the causal prefill -> [G, n] float64.");
@@ -545,7 +539,7 @@ void bind_backend(py::module_& m) {
             using T = typename decltype(tag)::type;
             const auto Q = view<T, 3>(in.arrays[0], "snapkv_window_scores", "q"), K = view<T, 3>(in.arrays[1], "snapkv_window_scores", "k");
             py::gil_scoped_release nogil;
-            return B::snapkv_window_scores(Q, K, window, g, attention_options(scale, check_finite));
+            return B::Baseline::snapkv_window_scores(Q, K, window, g, attention_options(scale, check_finite));
         }));
     }, "q"_a, "k"_a, "window"_a, "groups"_a = "kv_head", py::kw_only(), "scale"_a = 0.0f, "check_finite"_a = true,
        "SnapKV's raw window scores -> [G, n - window] float64.");
@@ -557,7 +551,7 @@ void bind_backend(py::module_& m) {
         detail::require(scores.ndim() == 2, fn, "scores has ", scores.ndim(), " dimensions, expected 2: [G, n - window]");
         std::vector<std::vector<double>> r;
         for (py::ssize_t g = 0; g < scores.shape(0); ++g)
-            r.push_back(B::snapkv_pool(std::span<const double>(scores.data(g, 0), static_cast<std::size_t>(scores.shape(1))), kernel, pl));
+            r.push_back(B::Baseline::snapkv_pool(std::span<const double>(scores.data(g, 0), static_cast<std::size_t>(scores.shape(1))), kernel, pl));
         return scores.shape(0) ? to_array(r) : py::array_t<double>(std::vector<py::ssize_t>{0, scores.shape(1)});
     }, "scores"_a, "kernel"_a, "pooling"_a = "avg",
        "SnapKV's 1-D pooling of the window scores, per group -> [G, n - window] float64.");
@@ -568,7 +562,7 @@ void bind_backend(py::module_& m) {
             using T = typename decltype(tag)::type;
             const auto Q = view<T, 3>(in.arrays[0], "fastv_scores", "q"), K = view<T, 3>(in.arrays[1], "fastv_scores", "k");
             py::gil_scoped_release nogil;
-            return B::fastv_scores(Q, K, attention_options(scale, check_finite));
+            return B::Baseline::fastv_scores(Q, K, attention_options(scale, check_finite));
         }));
     }, "q"_a, "k"_a, py::kw_only(), "scale"_a = 0.0f, "check_finite"_a = true,
        "FastV's score: the last row's attention averaged over the query heads -> [n] float64.");
@@ -760,9 +754,9 @@ void init_module(py::module_& m) {
           "The number of tokens of a layout spec such as 'text:6,image:150[10x15],text:4' (validates it).");
 
     py::module_ ref = m.def_submodule("reference", "The exact scalar reference (double accumulation): the oracle.");
-    bind_backend<ReferenceBackend>(ref);
+    bind_backend<Path<false>>(ref);
     py::module_ sim = m.def_submodule("simd", "The SIMD path (fp32 accumulation, the CPU's best instruction set).");
-    bind_backend<SimdBackend>(sim);
+    bind_backend<Path<true>>(sim);
     bind_kv(m, ref, sim);
     bind_purekv(m, ref, sim);
 
