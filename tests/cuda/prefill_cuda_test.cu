@@ -5,8 +5,10 @@
 // template alone and mixed per head, bidirectional images, custom sinks, every video mask. Outputs are
 // poisoned (0xff bytes: NaN) before each call, so an element the kernel does not write fails.
 //
-// Every case runs on both instruction paths of the kernel: PrefillKernel::automatic (wgmma on a Hopper
-// GPU with sm_90a code; VLSPARSE_EXPECT_WGMMA=1 makes that an assertion) and PrefillKernel::mma_sync.
+// Every case runs on the three paths: PrefillKernel::automatic (wgmma on a Hopper GPU with sm_90a code;
+// VLSPARSE_EXPECT_WGMMA=1 makes that an assertion), PrefillKernel::mma_sync and PrefillKernel::simt (the
+// CUDA-core kernel, P not rounded: within the same bounds). The CUDA-core kernel's own inputs -- fp32
+// and head dims other than 64 / 128 (1 .. 256) -- have a test case of their own, with fp32 bounds.
 //
 // Two checks per case:
 //   - exact structure: q = 0 makes every allowed key's probability exactly 1 / count, and small integer
@@ -48,17 +50,19 @@ namespace {
 
 std::uint64_t base_seed() { return vt::seed_or(20261123u); }
 
+// fp32: the CUDA-core kernel sums in fp32 what the reference sums in double (no rounding of P); the
+// bound 2.2 u max|v| with u = 2^-20 leaves room for the error of a 1500-term sum of fp32 products.
 template <class T>
 constexpr double unit_roundoff() {
-    return std::is_same_v<T, bfloat16> ? 1.0 / 256.0 : 1.0 / 2048.0;
+    return std::is_same_v<T, float> ? 1.0 / 1048576.0 : std::is_same_v<T, bfloat16> ? 1.0 / 256.0 : 1.0 / 2048.0;
 }
 template <class T>
 constexpr double nmse_tol() {
-    return std::is_same_v<T, bfloat16> ? 1e-4 : 1e-6;
+    return std::is_same_v<T, float> ? 1e-10 : std::is_same_v<T, bfloat16> ? 1e-4 : 1e-6;
 }
 template <class T>
 const char* type_name() {
-    return std::is_same_v<T, bfloat16> ? "bf16" : "fp16";
+    return std::is_same_v<T, float> ? "fp32" : std::is_same_v<T, bfloat16> ? "bf16" : "fp16";
 }
 
 // The instruction path the cases below run on (each TEST_CASE loops over kernel_paths()).
@@ -69,15 +73,16 @@ cuda::PrefillOptions opts() {
     return o;
 }
 const char* kernel_name() {
-    return g_kernel == cuda::PrefillKernel::mma_sync ? "mma.sync" : "automatic";
+    return g_kernel == cuda::PrefillKernel::mma_sync ? "mma.sync" : g_kernel == cuda::PrefillKernel::simt ? "simt" : "automatic";
 }
-// VLSPARSE_TEST_PREFILL_PATH=automatic or =mma_sync runs one path only (to split a slow run, e.g. under
-// compute-sanitizer's racecheck, over several processes); unset or anything else runs both.
+// VLSPARSE_TEST_PREFILL_PATH=automatic, =mma_sync or =simt runs one path only (to split a slow run, e.g.
+// under compute-sanitizer's racecheck, over several processes); unset or anything else runs all three.
 std::vector<cuda::PrefillKernel> kernel_paths() {
     const char* only = std::getenv("VLSPARSE_TEST_PREFILL_PATH");
     if (only != nullptr && std::string_view(only) == "automatic") return {cuda::PrefillKernel::automatic};
     if (only != nullptr && std::string_view(only) == "mma_sync") return {cuda::PrefillKernel::mma_sync};
-    return {cuda::PrefillKernel::automatic, cuda::PrefillKernel::mma_sync};
+    if (only != nullptr && std::string_view(only) == "simt") return {cuda::PrefillKernel::simt};
+    return {cuda::PrefillKernel::automatic, cuda::PrefillKernel::mma_sync, cuda::PrefillKernel::simt};
 }
 
 enum class Fill { random, uniform };  // uniform: q = 0, V small integers (the exact-structure check)
@@ -379,6 +384,51 @@ TEST_CASE("cuda prefill: block-sparse masks against the reference", "[cuda][pref
     g_kernel = cuda::PrefillKernel::automatic;
 }
 
+TEST_CASE("cuda prefill: fp32 inputs and head dims other than 64 / 128 (the CUDA-core kernel)", "[cuda][prefill]") {
+    // automatic routes these to the CUDA-core kernel; the 16-bit cases with d = 96 / 40 / 256 too.
+    g_kernel = cuda::PrefillKernel::automatic;
+    std::uint64_t seed = 900;
+    struct S {
+        std::int64_t nq, nk, H, Hkv, d;
+    };
+    const S dense_shapes[] = {{1, 1, 2, 2, 64},   {70, 70, 8, 2, 128}, {150, 150, 6, 3, 40},
+                              {33, 300, 4, 1, 96}, {200, 200, 4, 4, 256}, {129, 129, 7, 7, 1}};
+    for (const auto& s : dense_shapes)
+        for (Fill f : {Fill::uniform, Fill::random}) {
+            run_dense<float>(s.nq, s.nk, s.H, s.Hkv, s.d, f, ++seed);
+            if (s.d != 64 && s.d != 128) run_dense<bfloat16>(s.nq, s.nk, s.H, s.Hkv, s.d, f, ++seed);
+        }
+    for (std::int64_t d : {std::int64_t{64}, std::int64_t{96}})
+        for (double ratio : {0.3, 0.0, -1.0})
+            for (UnselectedRows un : {UnselectedRows::zero, UnselectedRows::attend_selected})
+                for (Fill f : {Fill::uniform, Fill::random}) {
+                    run_sparse<float>(300, 8, 2, d, 2, ratio, un, f, ++seed);
+                    run_sparse<float>(200, 4, 4, d, 1, ratio, un, f, ++seed);
+                    if (d == 96 && ratio == 0.3) run_sparse<vlsparse::half>(300, 8, 2, d, 2, ratio, un, f, ++seed);
+                }
+    const Layout layout = Layout::parse("text:37,image:200,text:20,image:150,text:9");
+    for (bool bidir : {false, true}) {
+        MaskOptions mo;
+        mo.bidirectional_images = bidir;
+        const MaskContext ctx = make_mask_context(layout, mo);
+        const std::string what = bidir ? "mixed, bidirectional" : "mixed";
+        for (Fill f : {Fill::uniform, Fill::random}) {
+            seed += 2;
+            run_masked<float>(ctx, mixed_heads(8, seed), 2, 64, f, seed + 1, what);
+            seed += 2;
+            run_masked<float>(ctx, mixed_heads(6, seed), 3, 72, f, seed + 1, what);
+            seed += 2;
+            run_masked<bfloat16>(ctx, mixed_heads(4, seed), 4, 48, f, seed + 1, what);
+        }
+    }
+    const Layout video = Layout::parse("text:5,video:6x40,text:7,image:50,text:3,video:4x33,text:2");
+    for (VideoMask kind : kVideoMasks) {
+        seed += 2;
+        run_masked<float>(make_video_mask_context(video, {kind, 7, 3}), mixed_heads(4, seed), 2, 32, Fill::random, seed + 1,
+                          "video " + std::string(to_string(kind)));
+    }
+}
+
 TEST_CASE("cuda prefill: output types and strided views", "[cuda][prefill]") {
     const std::int64_t n = 200, H = 8, Hkv = 2, d = 128;
     const auto x = make_qkv<bfloat16>(n, n, H, Hkv, d, Fill::random, 900);
@@ -423,7 +473,7 @@ TEST_CASE("cuda prefill: output types and strided views", "[cuda][prefill]") {
     CHECK(worst <= 1.0);
 }
 
-TEST_CASE("cuda prefill: the golden files with 16-bit inputs", "[cuda][prefill][golden]") {
+TEST_CASE("cuda prefill: the golden files (16-bit inputs on every path, fp32 on the CUDA-core kernel)", "[cuda][prefill][golden]") {
     for (const cuda::PrefillKernel path : kernel_paths()) {
         g_kernel = path;
         namespace fs = std::filesystem;
@@ -438,7 +488,7 @@ TEST_CASE("cuda prefill: the golden files with 16-bit inputs", "[cuda][prefill][
         for (const auto& e : fs::directory_iterator(root / "zipvl")) {
             GoldenManifest m;
             const auto c = golden::read_zipvl_inputs(e.path(), &m);
-            if (c.dtype == "fp32" || c.params.prefill != ZipVLPrefill::sparse) continue;
+            if (c.params.prefill != ZipVLPrefill::sparse) continue;
             INFO("golden/zipvl/" << e.path().filename().string() << " (" << c.dtype << ")");
             const std::int64_t D = padded(c.d);
             const auto mask = read_tensor(e.path(), m.output("kept_mask")).to_vector<std::uint8_t>();
@@ -470,6 +520,7 @@ TEST_CASE("cuda prefill: the golden files with 16-bit inputs", "[cuda][prefill][
                 for (float g : got) REQUIRE(std::isfinite(g));
             };
             if (c.dtype == "fp16") run(vlsparse::half{});
+            else if (c.dtype == "fp32") run(float{});
             else run(bfloat16{});
             ++ran;
         }
@@ -477,7 +528,7 @@ TEST_CASE("cuda prefill: the golden files with 16-bit inputs", "[cuda][prefill][
         for (const auto& e : fs::directory_iterator(root / "blindsight")) {
             GoldenManifest m;
             const auto c = golden::read_blindsight_inputs(e.path(), &m);
-            if (c.H == 0 || c.heads.empty() || c.dtype == "fp32") continue;
+            if (c.H == 0 || c.heads.empty()) continue;
             INFO("golden/blindsight/" << e.path().filename().string() << " (" << c.dtype << ")");
             const std::int64_t n = c.layout.n(), D = padded(c.d);
             const MaskContext ctx = make_mask_context(c.layout, c.params.mask);
@@ -500,6 +551,7 @@ TEST_CASE("cuda prefill: the golden files with 16-bit inputs", "[cuda][prefill][
                 CHECK(e2 <= nmse_tol<T>());
             };
             if (c.dtype == "fp16") run(vlsparse::half{});
+            else if (c.dtype == "fp32") run(float{});
             else run(bfloat16{});
             ++ran;
         }
@@ -507,7 +559,7 @@ TEST_CASE("cuda prefill: the golden files with 16-bit inputs", "[cuda][prefill][
         for (const auto& e : fs::directory_iterator(root / "purekv")) {
             GoldenManifest m;
             const auto c = golden::read_purekv_inputs(e.path(), &m);
-            if (c.shape.layers == 0 || c.dtype == "fp32") continue;
+            if (c.shape.layers == 0) continue;
             INFO("golden/purekv/" << e.path().filename().string() << " (" << c.dtype << ")");
             const std::int64_t n = c.layout.n(), H = c.shape.heads, Hkv = c.shape.kv_heads, d = c.shape.head_dim, D = padded(d);
             const auto want = read_tensor(e.path(), m.output("prefill_out")).to_vector<float>();
@@ -537,11 +589,12 @@ TEST_CASE("cuda prefill: the golden files with 16-bit inputs", "[cuda][prefill][
                 }
             };
             if (c.dtype == "fp16") run(vlsparse::half{});
+            else if (c.dtype == "fp32") run(float{});
             else run(bfloat16{});
             ++ran;
         }
-        std::printf("cuda prefill: %d golden cases with 16-bit inputs checked (%s)\n", ran, kernel_name());
-        CHECK(ran >= 6);
+        std::printf("cuda prefill: %d golden cases checked (%s)\n", ran, kernel_name());
+        CHECK(ran >= 12);
     }
     g_kernel = cuda::PrefillKernel::automatic;
 }
@@ -571,15 +624,34 @@ TEST_CASE("cuda prefill: errors", "[cuda][prefill]") {
     REQUIRE_THROWS_WITH(cuda::dense_prefill_attention(dv.qv, dv.kv, View3<const bfloat16>(dv.v.data(), {n - 1, Hkv, d}), dv.ov),
                         Contains("expected equal"));
     {
-        cuda::DeviceArray<bfloat16> big(static_cast<std::size_t>(n * H * 96));
-        cuda::DeviceArray<float> ob(static_cast<std::size_t>(n * H * 96));
-        const View3<const bfloat16> b(big.data(), {n, H, 96}), bk(big.data(), {n, Hkv, 96});
-        REQUIRE_THROWS_WITH(cuda::dense_prefill_attention(b, bk, bk, View3<float>(ob.data(), {n, H, 96})),
-                            Contains("head_dim = 96"));
+        cuda::DeviceArray<bfloat16> big(static_cast<std::size_t>(n * H * 320));
+        cuda::DeviceArray<float> ob(static_cast<std::size_t>(n * H * 320));
+        const View3<const bfloat16> b(big.data(), {n, H, 320}), bk(big.data(), {n, Hkv, 320});
+        REQUIRE_THROWS_WITH(cuda::dense_prefill_attention(b, bk, bk, View3<float>(ob.data(), {n, H, 320})),
+                            Contains("head_dim = 320; the GPU prefill takes head dims up to 256"));
+        // Not unit inner stride.
+        const View3<const bfloat16> strided(big.data(), {n, H, d}, {H * 2 * d, 2 * d, 2});
+        REQUIRE_THROWS_WITH(cuda::dense_prefill_attention(strided, dv.kv, dv.vv, dv.ov), Contains("unit inner stride"));
+        cuda::PrefillOptions bad_kernel;
+        bad_kernel.kernel = static_cast<cuda::PrefillKernel>(7);
+        REQUIRE_THROWS_WITH(cuda::dense_prefill_attention(dv.qv, dv.kv, dv.vv, dv.ov, bad_kernel), Contains("opt.kernel has value 7"));
     }
     REQUIRE_THROWS_WITH(cuda::dense_prefill_attention(View3<const bfloat16>(dv.q.data() + 1, {n - 1, H, d}), dv.kv, dv.vv,
                                                       View3<float>(dv.out.data(), {n - 1, H, d})),
                         Contains("16-byte aligned"));
+    {
+        // The CUDA-core kernel takes an unaligned base (checked against the aligned run).
+        cuda::PrefillOptions simt;
+        simt.kernel = cuda::PrefillKernel::simt;
+        cuda::DeviceArray<bfloat16> q1(x.q.size() + 1);
+        REQUIRE(cudaMemcpy(q1.data() + 1, dv.q.data(), x.q.size() * sizeof(bfloat16), cudaMemcpyDeviceToDevice) == cudaSuccess);
+        cuda::DeviceArray<float> o1(x.q.size()), o2(x.q.size());
+        o1.fill_bytes(0xff);
+        o2.fill_bytes(0xff);
+        cuda::dense_prefill_attention(View3<const bfloat16>(q1.data() + 1, {n, H, d}), dv.kv, dv.vv, View3<float>(o1.data(), {n, H, d}), simt);
+        cuda::dense_prefill_attention(dv.qv, dv.kv, dv.vv, View3<float>(o2.data(), {n, H, d}), simt);
+        REQUIRE(o1.download() == o2.download());
+    }
     REQUIRE_THROWS_WITH(cuda::dense_prefill_attention(dv.qv, dv.kv, dv.vv, View3<float>(dv.out.data(), {n, H, d - 1})),
                         Contains("out has shape"));
     REQUIRE_THROWS_WITH(cuda::dense_prefill_attention(View3<const bfloat16>(nullptr, {n, H, d}), dv.kv, dv.vv, dv.ov),

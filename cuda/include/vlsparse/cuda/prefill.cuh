@@ -12,11 +12,14 @@
 //   MaskedPrefillPlan plan(ctx, heads, H_kv);                      once per prompt (every layer reuses it)
 //   masked_prefill_attention(plan, q, k, v, out, opt, stream)      allowed: ctx.allows(heads[h], i, j)
 //
-// q [n_q, H, d], k, v [n_k, H_kv, d], out [n_q, H, d] are device views. Inputs bf16 or fp16 (q, k, v of
-// one type), head_dim 64 or 128, unit inner stride, rows 16-byte aligned; out fp32, fp16 or bf16, any
-// strides. Kernel: prefill/kernels_mma.cuh (wgmma on Hopper where the binary holds sm_90a code,
-// mma.sync elsewhere: PrefillOptions::kernel; fp32 accumulation, P rounded to the input type as in
-// FlashAttention). The dense and token-sparse front ends pack the query heads of a KV
+// q [n_q, H, d], k, v [n_k, H_kv, d], out [n_q, H, d] are device views, q, k, v of one type with unit
+// inner stride; out fp32, fp16 or bf16, any strides. Two kernels behind every front end:
+//   - tensor cores (prefill/kernels_mma.cuh) for bf16 / fp16 inputs with head_dim 64 or 128, rows
+//     16-byte aligned: wgmma on Hopper where the binary holds sm_90a code, mma.sync elsewhere
+//     (PrefillOptions::kernel); fp32 accumulation, P rounded to the input type as in FlashAttention;
+//   - CUDA cores (prefill/kernels_simt.cuh) for fp32 inputs and any other head_dim up to 256, or for
+//     any input with PrefillKernel::simt: everything in fp32, far slower on long prompts.
+// The dense and token-sparse front ends pack the query heads of a KV
 // group into one block's rows, so each K / V tile is loaded once for the group; the token-sparse
 // front end reads the kept rows of q, k and v in place (no gather pass). The block-sparse front end
 // cuts the keys each query block may see into segments from the mask (block_counts of
@@ -50,16 +53,20 @@
 #include "vlsparse/core/tensor.hpp"
 #include "vlsparse/cuda/common.cuh"
 #include "vlsparse/cuda/prefill/kernels_mma.cuh"
+#include "vlsparse/cuda/prefill/kernels_simt.cuh"
 #include "vlsparse/masks/block_mask.hpp"
 #include "vlsparse/masks/templates.hpp"
 
 namespace vlsparse::cuda {
 
-// Which tensor-core instructions the kernel uses. automatic: wgmma on a Hopper GPU (compute capability
-// 9.0) where the binary holds sm_90a code (-gencode=arch=compute_90a,code=sm_90a; Meson -Dgpu_arch=sm_90),
-// mma.sync elsewhere (a binary without sm_90a code runs mma.sync on Hopper too). mma_sync: mma.sync
-// everywhere (to compare the paths; results agree within the rounding of P).
-enum class PrefillKernel { automatic, mma_sync };
+// Which kernel runs. automatic: for bf16 / fp16 inputs with head_dim 64 or 128, the tensor cores --
+// wgmma on a Hopper GPU (compute capability 9.0) where the binary holds sm_90a code
+// (-gencode=arch=compute_90a,code=sm_90a; Meson -Dgpu_arch=sm_90), mma.sync elsewhere (a binary
+// without sm_90a code runs mma.sync on Hopper too) --, and the CUDA-core kernel for everything else
+// (fp32 inputs, other head dims). mma_sync: mma.sync wherever the tensor cores apply (to compare the
+// paths; results agree within the rounding of P). simt: the CUDA-core kernel for every input (P not
+// rounded; a second implementation to check against, slow).
+enum class PrefillKernel { automatic, mma_sync, simt };
 
 struct PrefillOptions {
     float scale = 0.0f;         // softmax scale; 0: 1/sqrt(head_dim) (computed in double, rounded to fp32)
@@ -117,12 +124,17 @@ inline bool prefill_overlaps(const void* a, std::size_t na, const void* b, std::
 }
 
 // Host checks shared by the front ends; fills the kernel arguments' tensor fields.
+// Whether a launch runs on the tensor cores (else the CUDA-core kernel).
+template <class T>
+bool prefill_on_tensor_cores(std::int64_t d, const PrefillOptions& opt) {
+    return !std::is_same_v<T, float> && (d == 64 || d == 128) && opt.kernel != PrefillKernel::simt;
+}
+
 template <class T, class TO>
 void prefill_common(View3<const T> q, View3<const T> k, View3<const T> v, View3<TO> out, const PrefillOptions& opt,
                     PrefillArgs& a, const char* fn) {
     using ::vlsparse::detail::require;
-    static_assert(std::is_same_v<T, bfloat16> || std::is_same_v<T, half>,
-                  "the GPU prefill takes bf16 or fp16 q, k, v (fp32 accumulation)");
+    static_assert(ElementType<T>, "the GPU prefill takes fp32, bf16 or fp16 q, k, v");
     const std::int64_t nq = q.shape[0], H = q.shape[1], d = q.shape[2], nk = k.shape[0], Hkv = k.shape[1];
     require(nq >= 1 && H >= 1 && d >= 1, fn, "q has shape [", nq, ", ", H, ", ", d, "], expected non-empty [n_q, H, d]");
     require(k.shape == v.shape, fn, "k has shape [", nk, ", ", Hkv, ", ", k.shape[2], "] and v [", v.shape[0], ", ",
@@ -131,17 +143,21 @@ void prefill_common(View3<const T> q, View3<const T> k, View3<const T> v, View3<
     require(Hkv >= 1 && H % Hkv == 0, fn, "H = ", H, " query heads is not a multiple of H_kv = ", Hkv);
     require(nq <= nk, fn, "q has ", nq, " tokens and k has ", nk, ", expected n_q <= n_k");
     require(nk <= (std::int64_t{1} << 30), fn, "k has ", nk, " tokens, at most 2^30 are supported");
-    require(d == 64 || d == 128, fn, "head_dim = ", d, "; the tensor-core prefill takes 64 or 128");
+    require(d <= kPrefillSimtMaxDim, fn, "head_dim = ", d, "; the GPU prefill takes head dims up to ", kPrefillSimtMaxDim,
+            " (64 and 128 on the tensor cores)");
+    require(opt.kernel == PrefillKernel::automatic || opt.kernel == PrefillKernel::mma_sync || opt.kernel == PrefillKernel::simt,
+            fn, "opt.kernel has value ", static_cast<int>(opt.kernel), ", expected automatic, mma_sync or simt");
     require(out.shape[0] == nq && out.shape[1] == H && out.shape[2] == d, fn, "out has shape [", out.shape[0], ", ",
             out.shape[1], ", ", out.shape[2], "], expected [", nq, ", ", H, ", ", d, "]");
     require(q.data && k.data && v.data && out.data, fn, "q, k, v and out must be device pointers, got null");
+    require(q.stride[2] == 1 && k.stride[2] == 1 && v.stride[2] == 1, fn, "q, k and v need unit inner stride, got ",
+            q.stride[2], ", ", k.stride[2], ", ", v.stride[2]);
     auto rows_ok = [](const auto& x) {
-        return x.stride[2] == 1 && x.stride[0] % 8 == 0 && x.stride[1] % 8 == 0 &&
-               reinterpret_cast<std::uintptr_t>(x.data) % 16 == 0;
+        return x.stride[0] % 8 == 0 && x.stride[1] % 8 == 0 && reinterpret_cast<std::uintptr_t>(x.data) % 16 == 0;
     };
-    require(rows_ok(q) && rows_ok(k) && rows_ok(v), fn,
-            "q, k and v need unit inner stride, row and head strides that are multiples of 8 elements and a "
-            "16-byte aligned base (the tensor cores read 16-byte chunks)");
+    require(!prefill_on_tensor_cores<T>(d, opt) || (rows_ok(q) && rows_ok(k) && rows_ok(v)), fn,
+            "q, k and v need row and head strides that are multiples of 8 elements and a 16-byte aligned base "
+            "(the tensor cores read 16-byte chunks; PrefillKernel::simt takes any)");
     const std::size_t ob = prefill_span_bytes(out);
     require(!prefill_overlaps(out.data, ob, q.data, prefill_span_bytes(q)) &&
                 !prefill_overlaps(out.data, ob, k.data, prefill_span_bytes(k)) &&
@@ -202,6 +218,14 @@ void launch_prefill_d(const PrefillArgs& a, dim3 grid, PrefillKernel kernel, cud
         launch_prefill_kernel<T, TO, D, false>(a, grid, stream, fn);
 }
 
+template <class T, class TO>
+void launch_prefill_simt(const PrefillArgs& a, int d, dim3 grid, cudaStream_t stream, const char* fn) {
+    if (d <= 64) prefill_simt_kernel<T, TO, 2><<<grid, kPrefillThreads, 0, stream>>>(a, d);
+    else if (d <= 128) prefill_simt_kernel<T, TO, 4><<<grid, kPrefillThreads, 0, stream>>>(a, d);
+    else prefill_simt_kernel<T, TO, 8><<<grid, kPrefillThreads, 0, stream>>>(a, d);
+    check_launch(fn, "prefill_simt_kernel");
+}
+
 // 1 when the kernel's WG instantiation runs wgmma on the current device (sm_90a code loaded), else 0.
 template <int Unused = 0>
 __global__ void prefill_wgmma_probe_kernel(int* out) { *out = VLSPARSE_CUDA_HAS_WGMMA; }
@@ -216,8 +240,15 @@ void launch_prefill(PrefillArgs a, int d, dim3 grid, const PrefillOptions& opt, 
     }
     a.status = status;
     if (grid.x > 0 && grid.y > 0) {
-        if (d == 64) launch_prefill_d<T, TO, 64>(a, grid, opt.kernel, stream, fn);
-        else launch_prefill_d<T, TO, 128>(a, grid, opt.kernel, stream, fn);
+        bool tensor_cores = false;
+        if constexpr (!std::is_same_v<T, float>) {
+            tensor_cores = prefill_on_tensor_cores<T>(d, opt);
+            if (tensor_cores) {
+                if (d == 64) launch_prefill_d<T, TO, 64>(a, grid, opt.kernel, stream, fn);
+                else launch_prefill_d<T, TO, 128>(a, grid, opt.kernel, stream, fn);
+            }
+        }
+        if (!tensor_cores) launch_prefill_simt<T, TO>(a, d, grid, stream, fn);
     }
     if (status) {
         int flag = 0;

@@ -451,6 +451,90 @@ struct TileCursor {
     }
 };
 
+// What one block of a prefill launch computes (shared by the tensor-core and the CUDA-core kernels):
+// its KV group g, first query head head0, heads packed per row hp, m rows [mbase, mbase + m_count)
+// (block-sparse items: mbase is the first row's position; otherwise the first m index, m = row index *
+// hp + head in group, the row index mapping to a position through rlist or q_offset), and its key
+// segments: segs[seg_begin, seg_end) of the plan, or (segs null) the one causal segment `one` over the
+// entries at or before the block's last row (klist: entries index the group's key list). m_count <= 0:
+// the block has no rows (the grid is sized for the longest list).
+struct PrefillBlockWork {
+    int g = 0, head0 = 0, hp = 1, m_count = 0, mbase = 0, seg_begin = 0, seg_end = 1;
+    const std::int32_t* rlist = nullptr;
+    const std::int32_t* klist = nullptr;
+    const PrefillSegment* segs = nullptr;
+    PrefillSegment one{};
+
+    // Position and query head of local m row lm; position -1 for rows past the end.
+    __device__ __forceinline__ void row(const PrefillArgs& a, int lm, int& pos, int& head) const {
+        if (lm >= m_count) {
+            pos = -1;
+            head = head0;
+            return;
+        }
+        if (a.items) {
+            pos = mbase + lm;
+            head = head0;
+        } else {
+            const int m = mbase + lm, r = m / hp;
+            head = head0 + (m - r * hp);
+            pos = rlist ? rlist[r] : r + a.q_offset;
+        }
+    }
+};
+__device__ __forceinline__ PrefillBlockWork prefill_block_work(const PrefillArgs& a, int bm) {
+    PrefillBlockWork w;
+    w.hp = a.hp;
+    if (a.items) {
+        const PrefillItem it = a.items[blockIdx.x];
+        w.head0 = it.head;
+        w.g = it.head / a.G;
+        w.hp = 1;
+        w.mbase = it.row_lo;
+        w.m_count = it.row_hi - it.row_lo;
+        w.segs = a.segs;
+        w.seg_begin = it.seg_begin;
+        w.seg_end = it.seg_end;
+        return w;
+    }
+    w.g = blockIdx.y;
+    w.head0 = w.g * a.G;
+    int rows = a.n_rows;
+    if (a.rows_list) {
+        const int l = w.g * a.rows_per_group;
+        const int r0 = a.rows_indptr[l];
+        rows = a.rows_indptr[l + 1] - r0;
+        w.rlist = a.rows_list + r0;
+    }
+    const int tiles = (rows * w.hp + bm - 1) / bm;
+    if (static_cast<int>(blockIdx.x) >= tiles) return w;  // m_count 0
+    const int mt = tiles - 1 - static_cast<int>(blockIdx.x);  // the longest rows first
+    const int m0 = mt * bm;
+    // m rows of this block: [m0, min(m0 + bm, rows * hp)); m - m0 indexes them, row = m / hp.
+    w.m_count = min(bm, rows * w.hp - m0);
+    // Keys: entries [0, upper) where upper counts the entries at or before the last row's position.
+    const int last_row = (m0 + w.m_count - 1) / w.hp;
+    const int last_pos = w.rlist ? w.rlist[last_row] : last_row + a.q_offset;
+    int upper = last_pos + 1;
+    if (a.keys_list) {
+        const int l = w.g * a.keys_per_group;
+        const int k0 = a.keys_indptr[l], k1 = a.keys_indptr[l + 1];
+        w.klist = a.keys_list + k0;
+        int lo = 0, hi = k1 - k0;  // first entry with position > last_pos
+        while (lo < hi) {
+            const int mid = (lo + hi) >> 1;
+            if (w.klist[mid] <= last_pos) lo = mid + 1;
+            else hi = mid;
+        }
+        upper = lo;
+    }
+    w.one.lo = 0;
+    w.one.hi = upper;
+    w.one.kind = kSegCausal;
+    w.mbase = m0;
+    return w;
+}
+
 // WG: the wgmma path where this code is compiled for sm_90a (else the mma.sync path, same results).
 template <class T, class TO, int D, bool WG>
 __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) prefill_mma_kernel(const PrefillArgs a) {
@@ -479,79 +563,16 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
     // ---- what this block computes -------------------------------------------------------------------
-    // Block-sparse items: mbase = the first row's position; otherwise the first m index of the block
-    // (m = row index * hp + head in group; the row index maps to a position through rows_list or q_offset).
-    int g, head0, hp = a.hp, m_count, mbase;
-    const std::int32_t* rlist = nullptr;
-    const std::int32_t* klist = nullptr;
-    PrefillSegment one{};
-    const PrefillSegment* segs;
-    int seg_begin = 0, seg_end = 1;
-    if (a.items) {
-        const PrefillItem it = a.items[blockIdx.x];
-        head0 = it.head;
-        g = it.head / a.G;
-        hp = 1;
-        mbase = it.row_lo;
-        m_count = it.row_hi - it.row_lo;
-        segs = a.segs;
-        seg_begin = it.seg_begin;
-        seg_end = it.seg_end;
-    } else {
-        g = blockIdx.y;
-        head0 = g * a.G;
-        int rows = a.n_rows, r0 = 0;
-        if (a.rows_list) {
-            const int l = g * a.rows_per_group;
-            r0 = a.rows_indptr[l];
-            rows = a.rows_indptr[l + 1] - r0;
-            rlist = a.rows_list + r0;
-        }
-        const int tiles = (rows * hp + S::BM - 1) / S::BM;
-        if (static_cast<int>(blockIdx.x) >= tiles) return;
-        const int mt = tiles - 1 - static_cast<int>(blockIdx.x);  // the longest rows first
-        const int m0 = mt * S::BM;
-        // m rows of this block: [m0, min(m0 + BM, rows * hp)); m - m0 indexes them, row = m / hp.
-        m_count = min(S::BM, rows * hp - m0);
-        // Keys: entries [0, upper) where upper counts the entries at or before the last row's position.
-        const int last_row = (m0 + m_count - 1) / hp;
-        const int last_pos = rlist ? rlist[last_row] : last_row + a.q_offset;
-        int upper = last_pos + 1;
-        if (a.keys_list) {
-            const int l = g * a.keys_per_group;
-            const int k0 = a.keys_indptr[l], k1 = a.keys_indptr[l + 1];
-            klist = a.keys_list + k0;
-            int lo = 0, hi = k1 - k0;  // first entry with position > last_pos
-            while (lo < hi) {
-                const int mid = (lo + hi) >> 1;
-                if (klist[mid] <= last_pos) lo = mid + 1;
-                else hi = mid;
-            }
-            upper = lo;
-        }
-        one.lo = 0;
-        one.hi = upper;
-        one.kind = kSegCausal;
-        segs = &one;
-        mbase = m0;
-    }
+    const PrefillBlockWork w = prefill_block_work(a, S::BM);
+    if (w.m_count <= 0) return;
+    const int g = w.g;
+    const std::int32_t* klist = w.klist;
+    const PrefillSegment one = w.one;
+    const PrefillSegment* segs = w.segs ? w.segs : &one;
+    const int seg_begin = w.seg_begin, seg_end = w.seg_end;
 
     // Row (position, head) of local m row lm; position -1 for rows past the end.
-    auto row_of = [&](int lm, int& pos, int& head) {
-        if (lm >= m_count) {
-            pos = -1;
-            head = head0;
-            return;
-        }
-        if (a.items) {
-            pos = mbase + lm;
-            head = head0;
-        } else {
-            const int m = mbase + lm, r = m / hp;
-            head = head0 + (m - r * hp);
-            pos = rlist ? rlist[r] : r + a.q_offset;
-        }
-    };
+    auto row_of = [&](int lm, int& pos, int& head) { w.row(a, lm, pos, head); };
 
     // ---- Q tile into shared memory ------------------------------------------------------------------
     if (tid < kPrefillThreads) {
