@@ -70,13 +70,13 @@ struct ZipVLCaseInputs {
 inline ZipVLCaseInputs read_zipvl_inputs(const std::filesystem::path& dir, GoldenManifest* manifest = nullptr) {
     constexpr const char* fn = "read_zipvl_inputs";
     const GoldenManifest m = read_manifest(dir);
-    detail::require(m.algorithm == "zipvl", fn, dir.string(), ": algorithm '", m.algorithm, "', expected 'zipvl'");
+    ::vlsparse::detail::require(m.algorithm == "zipvl", fn, dir.string(), ": algorithm '", m.algorithm, "', expected 'zipvl'");
     ZipVLCaseInputs c;
     c.params = zipvl_params_from_json(m.params, "params.");
     c.layout = Layout::parse(m.layout);
     const auto& tq = m.input("q");
     const auto& tk = m.input("k");
-    detail::require(tq.shape.size() == 3 && tk.shape.size() == 3, fn, dir.string(), ": q and k must have rank 3");
+    ::vlsparse::detail::require(tq.shape.size() == 3 && tk.shape.size() == 3, fn, dir.string(), ": q and k must have rank 3");
     c.dtype = tq.dtype;
     c.n = tq.shape[0];
     c.H = tq.shape[1];
