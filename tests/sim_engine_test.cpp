@@ -1081,6 +1081,89 @@ TEST_CASE("sim golden verify: a correct copy passes, a corrupted copy names the 
     fs::remove_all(d);
 }
 
+TEST_CASE("sim golden verify --backend cpu: every golden case through the SIMD path, outputs written and re-read",
+          "[sim][golden]") {
+    const fs::path d = temp_dir("golden_backend");
+    // Every case of every algorithm: computed, compared, written as a port's tree.
+    const GoldenVerifyResult r = golden_run(golden_root(), cpu_golden_case, d / "out");
+    CHECK(r.cases.size() >= 30);
+    for (const auto& c : r.cases) {
+        INFO(c.algorithm << "/" << c.case_name << ": " << c.error);
+        CHECK(c.pass());
+        for (const auto& o : c.outputs) CHECK(o.precision == "fp32");
+    }
+    CHECK(r.pass());
+    // The written outputs are a port's tree that `golden verify DIR` accepts.
+    const GoldenVerifyResult again = golden_verify(d / "out", golden_root());
+    CHECK(again.cases.size() == r.cases.size());
+    CHECK(again.pass());
+    // One algorithm folder, one case.
+    CHECK(golden_run(golden_root() / "avl", cpu_golden_case).cases.size() == 3);
+    CHECK(golden_run(golden_root() / "zipvl" / "ties_uniform", cpu_golden_case).cases.size() == 1);
+
+    // The bar follows the precision a backend names: prefill_out scaled by 1 + 1e-3 (NMSE 1e-6) passes
+    // the bf16 bar (1e-4), not the fp32 one (1e-10).
+    const fs::path one = golden_root() / "zipvl" / "gqa_bf16_kv_head";
+    auto perturbed = [&](const std::string& precision) {
+        return [&, precision](const fs::path& dir, const GoldenManifest& m) {
+            auto outs = cpu_golden_case(dir, m);
+            for (auto& o : outs)
+                if (o.name == "prefill_out") {
+                    auto x = o.array.to_vector<float>();
+                    for (auto& e : x) e *= 1.0f + 1e-3f;
+                    o.array = NpyArray::from(x.data(), o.array.shape);
+                    o.precision = precision;
+                }
+            return outs;
+        };
+    };
+    auto prefill_check = [](const GoldenVerifyResult& v) {
+        for (const auto& o : v.cases.at(0).outputs)
+            if (o.name == "prefill_out") return o;
+        return GoldenOutputCheck{};
+    };
+    CHECK(prefill_check(golden_run(one, perturbed("bf16"))).pass);
+    const GoldenOutputCheck f32 = prefill_check(golden_run(one, perturbed("fp32")));
+    CHECK_FALSE(f32.pass);
+    CHECK(f32.precision == "fp32");
+    CHECK(f32.tol == 1e-10);
+    // An output the backend does not compute fails as missing; a backend error fails the case with it.
+    const GoldenVerifyResult missing = golden_run(one, [&](const fs::path& dir, const GoldenManifest& m) {
+        auto outs = cpu_golden_case(dir, m);
+        outs.erase(std::remove_if(outs.begin(), outs.end(), [](const auto& o) { return o.name == "decode_out"; }), outs.end());
+        return outs;
+    });
+    CHECK_FALSE(missing.pass());
+    bool saw = false;
+    for (const auto& o : missing.cases.at(0).outputs)
+        if (o.name == "decode_out") saw = o.missing && o.detail.find("does not compute") != std::string::npos;
+    CHECK(saw);
+    const GoldenVerifyResult failing = golden_run(one, [](const fs::path&, const GoldenManifest&) -> std::vector<GoldenRunOutput> {
+        throw vlsparse::error("test backend", "no such kernel");
+    });
+    CHECK_FALSE(failing.pass());
+    CHECK(failing.cases.at(0).error.find("the backend could not run it") != std::string::npos);
+    CHECK(failing.cases.at(0).error.find("no such kernel") != std::string::npos);
+    CHECK_THROWS_WITH(golden_run(d / "nothing_here", cpu_golden_case), Catch::Matchers::Contains("is not a folder"));
+    fs::create_directories(d / "empty");
+    CHECK_THROWS_WITH(golden_run(d / "empty", cpu_golden_case), Catch::Matchers::Contains("holds no golden case"));
+
+    // The command.
+    CHECK(sim_cli_status({"golden", "verify", "--backend", "cpu", (golden_root() / "baselines").string()}) == 0);
+    const auto j = d / "r.json";
+    CHECK(sim_cli_status({"golden", "verify", "--backend", "cpu", one.string(), "--json", j.string()}) == 0);
+    CHECK(nlohmann::json::parse(std::ifstream(j))["cases"][0]["outputs"][0]["precision"] == "fp32");
+    CHECK(sim_cli_status({"golden", "verify", "--backend", "tpu", one.string()}) == 2);
+    CHECK(sim_cli_status({"golden", "verify", "--backend", "cpu", one.string(), "--golden", golden_root().string()}) == 2);
+    CHECK(sim_cli_status({"golden", "verify", one.string(), "--out", (d / "x").string()}) == 2);
+#ifndef VLSPARSE_SIM_CUDA
+    const auto cuda = sim_cli({"golden", "verify", "--backend", "cuda", one.string()});
+    CHECK(cuda.rc == 2);
+    CHECK(cuda.err.find("built without CUDA") != std::string::npos);
+#endif
+    fs::remove_all(d);
+}
+
 TEST_CASE("sim golden verify: --golden names one case; an unnamed folder is matched by its outputs or told to name it",
           "[sim][golden]") {
     namespace sd = vlsparse::sim::detail;

@@ -18,12 +18,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <utility>
 #include <string>
 
 #include <vlsparse/sim/engine.hpp>
+#include <vlsparse/sim/golden_cpu.hpp>
+#include <vlsparse/sim/golden_run.hpp>
 
 using namespace vlsparse;
 using namespace vlsparse::sim;
@@ -170,4 +174,42 @@ TEST_CASE("sim backends: the cuda backend's errors", "[cuda][sim]") {
     j["policies"] = json::array({{{"name", "zipvl"}, {"params", json::object()}}});
     j["model"]["head_dim"] = 96;
     REQUIRE_THROWS_WITH(run_scenario(scenario_from_json(j, "errors"), o), Catch::Contains("96"));
+}
+
+// ---- golden verify --backend cuda -------------------------------------------------------------------
+// Every golden case through the CUDA path (sim/golden_cuda.cu) passes under the golden tolerances, the
+// same cases as through the SIMD path; prefill outputs the tensor cores computed are held to their
+// 16-bit type's bar and everything else (the CUDA-core prefill of fp32 and other head dims, decode,
+// scores) to fp32's; the written outputs are a port's tree that `golden verify DIR` accepts.
+TEST_CASE("sim golden verify --backend cuda: every golden case through the CUDA path", "[cuda][sim][golden]") {
+    namespace fs = std::filesystem;
+    const char* env = std::getenv("VLSPARSE_GOLDEN_DIR");
+    const fs::path root = env ? fs::path(env) : fs::path("golden");
+    REQUIRE(fs::is_directory(root));
+    const fs::path out = fs::temp_directory_path() / "vlsparse_golden_cuda_test";
+    fs::remove_all(out);
+    const vlsparse::sim::GoldenVerifyResult r = vlsparse::sim::golden_run(root, vlsparse::sim::cuda_golden_case, out);
+    const vlsparse::sim::GoldenVerifyResult cpu = vlsparse::sim::golden_run(root, vlsparse::sim::cpu_golden_case);
+    CHECK(r.cases.size() == cpu.cases.size());
+    CHECK(r.cases.size() >= 30);
+    std::set<std::string> bars;
+    for (const auto& c : r.cases) {
+        INFO(c.algorithm << "/" << c.case_name << ": " << c.error);
+        CHECK(c.pass());
+        for (const auto& o : c.outputs) {
+            INFO(o.name << ": " << o.detail);
+            CHECK(o.pass);
+            if (o.metric != "exact") bars.insert(o.name + ":" + o.precision);
+        }
+    }
+    CHECK(r.pass());
+    CHECK(cpu.pass());
+    CHECK(bars.count("prefill_out:bf16") == 1);   // zipvl/gqa_bf16_kv_head (d 64) on the tensor cores
+    CHECK(bars.count("prefill_out:fp32") == 1);   // fp32 cases and small head dims on the CUDA cores
+    CHECK(bars.count("decode_out:fp32") == 1);
+    CHECK(bars.count("decode_out:bf16") == 0);
+    const vlsparse::sim::GoldenVerifyResult again = vlsparse::sim::golden_verify(out, root);
+    CHECK(again.cases.size() == r.cases.size());
+    CHECK(again.pass());
+    fs::remove_all(out);
 }

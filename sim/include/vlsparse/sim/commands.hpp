@@ -24,6 +24,8 @@
 #include "vlsparse/sim/cli.hpp"
 #include "vlsparse/sim/engine.hpp"
 #include "vlsparse/sim/export.hpp"
+#include "vlsparse/sim/golden_cpu.hpp"
+#include "vlsparse/sim/golden_run.hpp"
 #include "vlsparse/sim/golden_verify.hpp"
 #include "vlsparse/sim/report_html.hpp"
 #include "vlsparse/sim/report_json.hpp"
@@ -617,20 +619,47 @@ inline int cmd_golden(Args& a) {
         return a.empty() ? 0 : 0;
     }
     if (!a.flag("verify")) a.fail("unknown golden command '" + a.peek() + "', expected: golden verify DIR");
-    std::optional<std::string> dir, json_out;
-    std::filesystem::path golden = default_golden_dir();
+    std::optional<std::string> dir, json_out, backend, out_dir;
+    std::optional<std::filesystem::path> golden;
     const bool parsed = detail::parse_args(
         a, kGoldenUsage,
         [&] {
             if (auto v = a.value("--golden")) golden = *v;
             else if (auto v1 = a.value("--json")) json_out = *v1;
+            else if (auto v2 = a.value("--backend")) backend = *v2;
+            else if (auto v3 = a.value("--out")) out_dir = *v3;
             else return false;
             return true;
         },
         detail::at_most_one(a, dir));
     if (!parsed) return 0;
-    if (!dir) a.fail("missing DIR: the folder of the port's outputs");
-    const GoldenVerifyResult r = golden_verify(*dir, golden);
+    GoldenVerifyResult r;
+    if (backend) {
+        // The backend computes the outputs of the golden cases named by DIR (default: every case).
+        if (golden) a.fail("--golden is for a port's outputs; with --backend, name the golden cases as DIR");
+        GoldenCaseRunner run;
+        if (*backend == "cpu") {
+            run = cpu_golden_case;
+        } else if (*backend == "cuda") {
+#ifdef VLSPARSE_SIM_CUDA
+            run = cuda_golden_case;
+#else
+            a.fail("--backend cuda: this vlsparse-sim was built without CUDA (configure with -Dcuda=enabled)");
+#endif
+        } else {
+            a.fail("--backend '" + *backend + "', expected cpu or cuda");
+        }
+        const std::filesystem::path cases = dir ? std::filesystem::path(*dir) : default_golden_dir();
+        std::optional<std::filesystem::path> out;
+        if (out_dir) out = std::filesystem::path(*out_dir);
+        std::printf("golden verify --backend %s: the golden cases' inputs through the %s path\n\n", backend->c_str(),
+                    *backend == "cpu" ? "SIMD" : "CUDA");
+        r = golden_run(cases, run, out);
+    } else {
+        if (out_dir) a.fail("--out is for --backend (where the computed outputs are written)");
+        if (!dir) a.fail("missing DIR: the folder of the port's outputs");
+        r = golden_verify(*dir, golden ? *golden : default_golden_dir());
+    }
     print_golden_verify(stdout, r);
     if (json_out) write_text_file(*json_out, to_json(r).dump(2) + "\n", "JSON result");
     return r.pass() ? 0 : 1;

@@ -34,6 +34,7 @@ namespace vlsparse::sim {
 struct GoldenOutputCheck {
     std::string name, file, metric;
     double tol = 0.0;
+    std::string precision;      // golden verify --backend: the precision whose tolerance applies (else empty)
     bool pass = false;
     bool missing = false;
     double value = 0.0;         // the metric's value (exact: the number of differing elements)
@@ -296,7 +297,7 @@ inline void print_golden_verify(std::FILE* f, const GoldenVerifyResult& r) {
     std::size_t outs = 0, outs_ok = 0, cases_ok = 0;
     for (const auto& c : r.cases) {
         std::fprintf(f, "%s/%s  (port %s, golden %s)\n", c.algorithm.empty() ? "?" : c.algorithm.c_str(),
-                     c.case_name.empty() ? "?" : c.case_name.c_str(), c.port_dir.string().c_str(),
+                     c.case_name.empty() ? "?" : c.case_name.c_str(), c.port_dir.empty() ? "-" : c.port_dir.string().c_str(),
                      c.golden_dir.empty() ? "-" : c.golden_dir.string().c_str());
         if (!c.error.empty()) {
             std::fprintf(f, "  ERROR %s\n", c.error.c_str());
@@ -305,7 +306,8 @@ inline void print_golden_verify(std::FILE* f, const GoldenVerifyResult& r) {
         std::size_t w = 4;
         for (const auto& o : c.outputs) w = std::max(w, o.name.size());
         for (const auto& o : c.outputs)
-            std::fprintf(f, "  %s  %-*s  %s\n", o.pass ? "PASS" : "FAIL", static_cast<int>(w), o.name.c_str(), o.detail.c_str());
+            std::fprintf(f, "  %s  %-*s  %s%s\n", o.pass ? "PASS" : "FAIL", static_cast<int>(w), o.name.c_str(),
+                         o.precision.empty() || o.metric == "exact" ? "" : ("[" + o.precision + " bar] ").c_str(), o.detail.c_str());
         std::fprintf(f, "  %zu of %zu outputs pass\n", c.passed(), c.outputs.size());
         outs += c.outputs.size();
         outs_ok += c.passed();
@@ -323,6 +325,7 @@ inline nlohmann::json to_json(const GoldenVerifyResult& r) {
             nlohmann::json j{{"name", o.name},   {"file", o.file},       {"metric", o.metric}, {"tol", o.tol},
                              {"pass", o.pass},   {"missing", o.missing}, {"detail", o.detail}};
             if (std::isfinite(o.value)) j["value"] = o.value;
+            if (!o.precision.empty()) j["precision"] = o.precision;
             if (o.first >= 0) {
                 j["first_index"] = o.first;
                 j["expected"] = std::isfinite(o.expected) ? nlohmann::json(o.expected) : nlohmann::json(nullptr);

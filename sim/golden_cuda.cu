@@ -1,0 +1,424 @@
+// sim/golden_cuda.cu -- the cuda backend of `vlsparse-sim golden verify --backend`: every golden case
+// through the CUDA path (vlsparse/sim/golden_run.hpp has the command's description).
+//
+// The golden runners of the library (golden::run_<algorithm>_case) sequence each case once for every
+// backend: the reference, the SIMD path and this one. Here each algorithm's ops type runs the arithmetic
+// on the GPU -- the inputs of a call copied to the device, the CUDA front end called, its result copied
+// back -- so every number a case checks comes from a CUDA kernel:
+//   - ZipVL: cuda::ZipVLSelector (probes, a_j, a~_j, p, the kept lists ranked on the device), the
+//     token-sparse or dense prefill, decode over the evicted cache (batched decode kernel);
+//   - A-VL: the last row's head-mean scores and H2O's text scores (cuda::BaselineScorer), each decode
+//     step over the schedule's rows with the kernel's probabilities for the refresh re-rank;
+//   - baselines: H2O / SnapKV / FastV scores (BaselineScorer, SnapKV's pooling kernel), H2O's decode steps
+//     with the kernel's probabilities;
+//   - BlindSight: masked_prefill_attention per head template; Algorithm 1's NMSEs from the dense and the
+//     template outputs of the CUDA-core prefill kernel (fp32 arithmetic: the golden NMSE bar is fp32's);
+//   - PureKV: cuda::PureKVEstimator (window scores, ||V||, importance, kept lists, the layer's ST or
+//     dense prefill); the validation's own-layer selection from a second estimator on the GPU.
+// The host code every backend shares does the rest: KvCache eviction and append (the cache rows a case
+// checks are copies of its inputs), the ranking of host scores where the golden runner does it, masks,
+// FLOPs, Spearman. Prefill outputs of 16-bit inputs that the tensor cores computed (head dims 64 / 128)
+// are held to the manifest's bar for that type (P rounded to 16 bits); everything else, decode included,
+// to the fp32 bar.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "vlsparse/cuda/baselines.cuh"
+#include "vlsparse/cuda/indexed_decode.cuh"
+#include "vlsparse/cuda/prefill.cuh"
+#include "vlsparse/cuda/purekv.cuh"
+#include "vlsparse/cuda/zipvl.cuh"
+#include "vlsparse/reference/avl_golden.hpp"
+#include "vlsparse/reference/baselines_golden.hpp"
+#include "vlsparse/reference/blindsight_golden.hpp"
+#include "vlsparse/reference/purekv_golden.hpp"
+#include "vlsparse/reference/zipvl_golden.hpp"
+#include "vlsparse/sim/golden_run.hpp"
+
+namespace vlsparse::sim {
+namespace {
+
+constexpr const char* kFn = "golden verify --backend cuda";
+
+template <class V>
+std::int64_t numel(const V& v) {
+    std::int64_t n = 1;
+    for (auto s : v.shape) n *= s;
+    return n;
+}
+
+// A contiguous host tensor of the golden runners, copied to the device.
+template <class T, int R>
+struct Dev {
+    cuda::DeviceArray<std::remove_const_t<T>> a;
+    TensorView<const std::remove_const_t<T>, R> v;
+    explicit Dev(const TensorView<T, R>& h) : a(std::span<const std::remove_const_t<T>>(h.data, static_cast<std::size_t>(numel(h)))) {
+        std::int64_t s = 1;
+        for (int i = R; i-- > 0;) {
+            ::vlsparse::detail::require(h.stride[i] == s, kFn, "a golden runner's tensor is not contiguous");
+            s *= h.shape[i];
+        }
+        v = TensorView<const std::remove_const_t<T>, R>(a.data(), h.shape);
+    }
+};
+
+template <class V>
+void download(const cuda::DeviceArray<float>& d, const V& host) {
+    cuda::detail::check_cuda(cudaMemcpy(host.data, d.data(), static_cast<std::size_t>(numel(host)) * sizeof(float),
+                                              cudaMemcpyDeviceToHost),
+                                   kFn, "cudaMemcpy");
+}
+
+std::vector<std::vector<double>> download_groups(const float* p, std::int64_t G, std::int64_t n) {
+    std::vector<float> h(static_cast<std::size_t>(G * n));
+    if (!h.empty())
+        cuda::detail::check_cuda(cudaMemcpy(h.data(), p, h.size() * sizeof(float), cudaMemcpyDeviceToHost), kFn, "cudaMemcpy");
+    std::vector<std::vector<double>> r(static_cast<std::size_t>(G));
+    for (std::int64_t g = 0; g < G; ++g) r[static_cast<std::size_t>(g)].assign(h.begin() + g * n, h.begin() + (g + 1) * n);
+    return r;
+}
+
+cuda::PrefillOptions prefill_options(float scale, cuda::PrefillKernel kernel = cuda::PrefillKernel::automatic) {
+    cuda::PrefillOptions o;
+    o.scale = scale;
+    o.kernel = kernel;
+    return o;
+}
+
+// One decode step over `rows` of a host cache on the GPU (batched decode kernel, batch of one). With
+// probs: [H][L] per query head, L = the longest list. The kernel writes each listed row's probability
+// averaged over the query heads that read its list; every head's row here holds that mean, so sums over
+// a list's heads -- what every policy reads (H2O per group, A-VL over all heads) -- are the kernel's.
+template <class T>
+std::vector<double> gpu_decode(View2<const T> q, const KvCache<T>& cache, const CacheRows& rows, View2<float> out,
+                               const AttentionOptions& opt, std::int64_t L, bool want_probs) {
+    const cuda::DeviceKvCache<T> dc(cache);
+    const cuda::DeviceRowLists lists(rows, cache);
+    const Dev<const T, 2> qd(q);
+    const std::int64_t H = q.shape[0], d = q.shape[1];
+    cuda::DeviceArray<float> od(static_cast<std::size_t>(H * d));
+    od.fill_bytes(0xff);
+    const std::vector<std::int32_t> lens{static_cast<std::int32_t>(dc.rows())};
+    cuda::DecodePlan plan;
+    plan.plan({lens, {}, lists.host_indptr(), lists.lists_per_seq()}, H, cache.n_kv_heads(), d, want_probs, nullptr,
+              dtype_of<T>());
+    cuda::DecodeOptions o;
+    o.scale = opt.scale;
+    o.check_finite = opt.check_finite;
+    cuda::DeviceArray<float> pd(static_cast<std::size_t>(std::max<std::int64_t>(1, plan.n_entries())));
+    const View3<const T> q3(qd.v.data, {1, H, d});
+    const View3<float> o3(od.data(), {1, H, d});
+    cuda::batched_decode_attention(plan, q3, dc.view(), lists.view(), o3, o, nullptr, want_probs ? pd.data() : nullptr);
+    cuda::detail::check_cuda(cudaDeviceSynchronize(), kFn, "cudaDeviceSynchronize");
+    download(od, out);
+    std::vector<double> probs;
+    if (!want_probs) return probs;
+    std::vector<float> entries(static_cast<std::size_t>(plan.n_entries()));
+    if (!entries.empty())
+        cuda::detail::check_cuda(cudaMemcpy(entries.data(), pd.data(), entries.size() * sizeof(float), cudaMemcpyDeviceToHost),
+                                       kFn, "cudaMemcpy");
+    probs.assign(static_cast<std::size_t>(H * L), 0.0);
+    const auto indptr = lists.host_indptr();
+    const std::int64_t per = lists.lists_per_seq(), group = H / cache.n_kv_heads();
+    for (std::int64_t h = 0; h < H; ++h) {
+        const std::int64_t l = per == 1 ? 0 : h / group;
+        const std::int64_t b = indptr[static_cast<std::size_t>(l)], e = indptr[static_cast<std::size_t>(l) + 1];
+        for (std::int64_t i = b; i < e; ++i) probs[static_cast<std::size_t>(h * L + (i - b))] = entries[static_cast<std::size_t>(i)];
+    }
+    return probs;
+}
+
+// Every cached row of each KV head.
+template <class T>
+CacheRows all_rows(const KvCache<T>& cache, std::int64_t& longest) {
+    CacheRows rows(static_cast<std::size_t>(cache.n_kv_heads()));
+    longest = 0;
+    for (std::int64_t g = 0; g < cache.n_kv_heads(); ++g) {
+        auto& r = rows[static_cast<std::size_t>(g)];
+        r.resize(static_cast<std::size_t>(cache.rows(g)));
+        for (std::size_t i = 0; i < r.size(); ++i) r[i] = static_cast<std::int64_t>(i);
+        longest = std::max<std::int64_t>(longest, cache.rows(g));
+    }
+    return rows;
+}
+
+// ---- ZipVL -----------------------------------------------------------------------------------------
+
+struct ZipVLOps {
+    template <class T>
+    static ZipVLSelection select(View3<const T> q, View3<const T> k, const Layout& layout, std::int64_t layer,
+                                 const ZipVLParams& P) {
+        const Dev<const T, 3> qd(q), kd(k);
+        cuda::ZipVLSelector selector;
+        const cuda::DeviceZipVLSelection& s = selector.select(qd.v, kd.v, layout, layer, P);
+        ZipVLSelection r;
+        r.n = s.n;
+        r.dense = s.dense;
+        r.probes = s.probes;
+        r.heads_per_group = s.heads_per_group;
+        r.p = s.p;
+        r.selection = s.to_host();
+        r.selection.scores.clear();
+        if (!s.dense) {
+            r.accumulated = download_groups(s.accumulated, s.groups(), s.n);
+            r.normalized = download_groups(s.normalized, s.groups(), s.n);
+        }
+        return r;
+    }
+    template <class T>
+    static void prefill(View3<const T> q, View3<const T> k, View3<const T> v, const ZipVLSelection& s, View3<float> out,
+                        const ZipVLParams& P) {
+        const Dev<const T, 3> qd(q), kd(k), vd(v);
+        cuda::DeviceArray<float> od(static_cast<std::size_t>(numel(out)));
+        od.fill_bytes(0xff);
+        const View3<float> ov(od.data(), out.shape);
+        const auto opt = prefill_options(P.attention().scale);
+        if (!zipvl_sparse_prefill(s, P)) {
+            cuda::dense_prefill_attention(qd.v, kd.v, vd.v, ov, opt);
+        } else {
+            std::vector<std::int32_t> indptr{0}, idx;
+            for (const auto& l : s.selection.indices) {
+                for (auto j : l) idx.push_back(static_cast<std::int32_t>(j));
+                indptr.push_back(static_cast<std::int32_t>(idx.size()));
+            }
+            cuda::DeviceArray<std::int32_t> ip(indptr), ix(std::max<std::size_t>(1, idx.size()));
+            if (!idx.empty()) ix.upload(idx);
+            cuda::sparse_prefill_attention(qd.v, kd.v, vd.v, cuda::DeviceTokenLists{s.n, indptr, ip.data(), ix.data()}, ov,
+                                           P.unselected, opt);
+        }
+        download(od, out);
+    }
+    template <class T>
+    static void decode(View2<const T> q, const KvCache<T>& cache, View2<float> out, const AttentionOptions& opt) {
+        std::int64_t L = 0;
+        const CacheRows rows = all_rows(cache, L);
+        gpu_decode(q, cache, rows, out, opt, L, false);
+    }
+};
+
+// ---- A-VL and the baselines' scores ----------------------------------------------------------------
+
+struct AvlOps {
+    template <class T>
+    static std::vector<double> scores(View3<const T> q, View3<const T> k) {
+        const Dev<const T, 3> qd(q), kd(k);
+        cuda::BaselineScorer sc;
+        return sc.fastv_scores(qd.v, kd.v);  // the last row's attention averaged over every query head
+    }
+    template <class T>
+    static std::vector<std::vector<double>> h2o(View3<const T> q, View3<const T> k, AvlTextGroups g) {
+        ::vlsparse::detail::require(g == AvlTextGroups::per_kv_head, kFn,
+                                    "A-VL's text budget with text_groups = per_query_head has no GPU path");
+        const Dev<const T, 3> qd(q), kd(k);
+        cuda::BaselineScorer sc;
+        return sc.h2o_scores(qd.v, kd.v, BaselineGroups::kv_head);
+    }
+    // As simd::avl_decode_step, with the step's attention and probabilities from the GPU.
+    template <class T>
+    static AvlStep decode_step(View2<const T> q, const KvCache<T>& cache, DecodeSchedule& sched, std::int64_t t,
+                               View2<float> out, const AttentionOptions& opt = {}) {
+        sched.begin_step(t);
+        AvlStep st{t, sched.splits() && sched.is_refresh(t), sched.positions(t, cache.seq_len())};
+        const CacheRows rows = rows_for_positions(cache, st.read);
+        std::int64_t L = 0;
+        for (const auto& l : rows) L = std::max<std::int64_t>(L, static_cast<std::int64_t>(l.size()));
+        const auto probs = gpu_decode(q, cache, rows, out, opt, L, st.refresh);
+        if (!st.refresh) return st;
+        const std::int64_t H = q.shape[0], group = H / cache.n_kv_heads();
+        std::vector<double> score(static_cast<std::size_t>(cache.seq_len()), 0.0);
+        for (std::int64_t h = 0; h < H; ++h) {
+            const auto& list = st.read.for_kv_head(h / group);
+            for (std::size_t i = 0; i < list.size(); ++i) score[static_cast<std::size_t>(list[i])] += probs[static_cast<std::size_t>(h * L) + i];
+        }
+        sched.refresh(t, [&](std::int64_t p) { return score[static_cast<std::size_t>(p)] / static_cast<double>(H); });
+        return st;
+    }
+};
+
+struct BaselineOps {
+    template <class T>
+    static std::vector<std::vector<double>> h2o_scores(View3<const T> q, View3<const T> k, BaselineGroups g) {
+        const Dev<const T, 3> qd(q), kd(k);
+        cuda::BaselineScorer sc;
+        return sc.h2o_scores(qd.v, kd.v, g);
+    }
+    template <class T>
+    static std::vector<std::vector<double>> snapkv_window_scores(View3<const T> q, View3<const T> k, std::int64_t w,
+                                                                 BaselineGroups g) {
+        const Dev<const T, 3> qd(q), kd(k);
+        cuda::BaselineScorer sc;
+        return sc.snapkv_window_scores(qd.v, kd.v, w, g);
+    }
+    // SnapKV's pooling kernel over one group's scores.
+    static std::vector<double> snapkv_pool(const std::vector<double>& s, std::int64_t kernel, SnapKVPooling p) {
+        const std::vector<float> f(s.begin(), s.end());
+        const auto L = static_cast<std::int64_t>(f.size());
+        if (L == 0) return {};
+        cuda::DeviceArray<float> in(f), out(f.size());
+        const int mode = p == SnapKVPooling::none ? 0 : (p == SnapKVPooling::avg ? 1 : 2);
+        cuda::detail::pool1d_kernel<><<<static_cast<unsigned>((L + 255) / 256), 256>>>(in.data(), 1, static_cast<int>(L),
+                                                                                     static_cast<int>(kernel), mode, out.data());
+        cuda::detail::check_launch(kFn, "pool1d_kernel");
+        const auto h = out.download();
+        return {h.begin(), h.end()};
+    }
+    template <class T>
+    static std::vector<double> fastv_scores(View3<const T> q, View3<const T> k) {
+        const Dev<const T, 3> qd(q), kd(k);
+        cuda::BaselineScorer sc;
+        return sc.fastv_scores(qd.v, kd.v);
+    }
+    template <class T>
+    static std::vector<double> decode(View2<const T> q, const KvCache<T>& cache, const CacheRows& rows, View2<float> out,
+                                      std::int64_t L) {
+        return gpu_decode(q, cache, rows, out, AttentionOptions{}, L, true);
+    }
+};
+
+// ---- BlindSight --------------------------------------------------------------------------------------
+
+struct BlindSightOps {
+    template <class T>
+    static void masked(View3<const T> q, View3<const T> k, View3<const T> v, const MaskContext& ctx,
+                       std::span<const MaskTemplate> heads, View3<float> out) {
+        run(q, k, v, ctx, heads, out, cuda::PrefillKernel::automatic, 0.0f);
+    }
+    // Algorithm 1 on the GPU: the dense output and each candidate template's, NMSE per head.
+    template <class T>
+    static std::vector<HeadCharacterization> characterize(View3<const T> q, View3<const T> k, View3<const T> v,
+                                                          const Layout& layout, const BlindSightParams& P) {
+        const std::int64_t n = q.shape[0], H = q.shape[1], d = q.shape[2];
+        const MaskContext ctx = make_mask_context(layout, P.mask);
+        std::vector<float> ref(static_cast<std::size_t>(n * H * d)), o(ref.size());
+        const View3<float> ref_v(ref.data(), {n, H, d}), o_v(o.data(), {n, H, d});
+        run(q, k, v, ctx, std::vector<MaskTemplate>(static_cast<std::size_t>(H), MaskTemplate::dense), ref_v,
+            cuda::PrefillKernel::simt, static_cast<float>(P.scale));
+        std::vector<HeadCharacterization> r(static_cast<std::size_t>(H));
+        for (MaskTemplate t : kCandidateTemplates) {
+            run(q, k, v, ctx, std::vector<MaskTemplate>(static_cast<std::size_t>(H), t), o_v, cuda::PrefillKernel::simt,
+                static_cast<float>(P.scale));
+            for (std::int64_t h = 0; h < H; ++h)
+                r[static_cast<std::size_t>(h)].nmse[static_cast<std::size_t>(t)] = ::vlsparse::detail::head_nmse(o, ref, n, H, d, h);
+        }
+        for (auto& c : r) c.chosen = choose_template(c.nmse, P.alpha);
+        return r;
+    }
+
+private:
+    template <class T>
+    static void run(View3<const T> q, View3<const T> k, View3<const T> v, const MaskContext& ctx,
+                    std::span<const MaskTemplate> heads, View3<float> out, cuda::PrefillKernel kernel, float scale) {
+        const Dev<const T, 3> qd(q), kd(k), vd(v);
+        cuda::DeviceArray<float> od(static_cast<std::size_t>(numel(out)));
+        od.fill_bytes(0xff);
+        const cuda::MaskedPrefillPlan plan(ctx, heads, k.shape[1]);
+        cuda::masked_prefill_attention(plan, qd.v, kd.v, vd.v, View3<float>(od.data(), out.shape), prefill_options(scale, kernel));
+        download(od, out);
+    }
+};
+
+// ---- PureKV --------------------------------------------------------------------------------------------
+
+// The estimator interface of golden::run_purekv_case over cuda::PureKVEstimator.
+class PureKVEstimatorOnGpu {
+public:
+    PureKVEstimatorOnGpu(const PureKVParams& P, const Layout& layout, const ModelShape& shape)
+        : P_(P), layout_(layout), shape_(shape), est_(P, layout, shape) {}
+
+    bool needs_scores(std::int64_t layer) const { return est_.needs_scores(layer); }
+    template <class T>
+    void observe(std::int64_t layer, View3<const T> q, View3<const T> k) {
+        const Dev<const T, 3> qd(q), kd(k);
+        est_.observe(layer, qd.v, kd.v);
+        cuda::detail::check_cuda(cudaDeviceSynchronize(), kFn, "cudaDeviceSynchronize");  // before qd, kd go
+    }
+    template <class T>
+    void attention(std::int64_t layer, View3<const T> q, View3<const T> k, View3<const T> v, View3<float> out) const {
+        const Dev<const T, 3> qd(q), kd(k), vd(v);
+        cuda::DeviceArray<float> od(static_cast<std::size_t>(numel(out)));
+        od.fill_bytes(0xff);
+        est_.attention(layer, qd.v, kd.v, vd.v, View3<float>(od.data(), out.shape));
+        download(od, out);
+    }
+    template <class T>
+    PureKVSelection select(std::int64_t layer, View3<const T> v) {
+        const Dev<const T, 3> vd(v);
+        return est_.select(layer, vd.v).to_host();
+    }
+    // Eq. 5-7: l0's estimate against the layer's own scores, both selected on the GPU.
+    template <class T>
+    PureKVLayerValidation validate(std::int64_t layer, View3<const T> q, View3<const T> k, View3<const T> v) {
+        const PureKVSelection estimated = select(layer, v);
+        PureKVParams own_p = P_;
+        own_p.l0 = layer;
+        cuda::PureKVEstimator own(own_p, layout_, shape_);
+        const Dev<const T, 3> qd(q), kd(k), vd(v);
+        own.observe(layer, qd.v, kd.v);
+        return purekv_validation(estimated, own.select(layer, vd.v).to_host());
+    }
+    PureKVScores scores(std::int64_t layer) const { return est_.scores(layer).to_host(); }
+
+private:
+    PureKVParams P_;
+    Layout layout_;
+    ModelShape shape_;
+    cuda::PureKVEstimator est_;
+};
+
+// ---- precisions -------------------------------------------------------------------------------------
+
+// The bar of each output: a prefill output that the tensor cores computed (16-bit inputs, head dim 64
+// or 128: P rounded to the input type) is held to its type's tolerance, everything else -- the
+// CUDA-core prefill of other inputs, decode, scores -- to fp32's.
+std::string prefill_precision(const std::string& dtype, std::int64_t d) {
+    return (dtype == "bf16" || dtype == "fp16") && (d == 64 || d == 128) ? dtype : "fp32";
+}
+
+template <class Named>  // golden::NamedArray or BlindSightOutput: {name, array}
+std::vector<GoldenRunOutput> with_precision(std::vector<Named> a, const char* prefill_output = "",
+                                            const std::string& prefill_prec = "fp32") {
+    std::vector<GoldenRunOutput> r;
+    for (auto& x : a) {
+        const std::string p = x.name == prefill_output ? prefill_prec : "fp32";
+        r.push_back({std::move(x.name), std::move(x.array), p});
+    }
+    return r;
+}
+
+}  // namespace
+
+std::vector<GoldenRunOutput> cuda_golden_case(const std::filesystem::path& dir, const GoldenManifest& m) {
+    int devices = 0;
+    ::vlsparse::detail::require(cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0, kFn,
+                                "no CUDA device is visible to this process");
+    if (m.algorithm == "zipvl") {
+        const auto c = golden::read_zipvl_inputs(dir);
+        return with_precision(golden::run_zipvl_case<ZipVLOps>(c), "prefill_out", prefill_precision(c.dtype, c.d));
+    }
+    if (m.algorithm == "avl") {
+        const auto c = golden::read_avl_inputs(dir);
+        return with_precision(golden::run_avl_case<AvlOps>(c));
+    }
+    if (m.algorithm == "baselines") {
+        const auto c = golden::read_baselines_inputs(dir);
+        return with_precision(golden::run_baselines_case<BaselineOps>(c));
+    }
+    if (m.algorithm == "blindsight") {
+        const auto c = golden::read_blindsight_inputs(dir);
+        return with_precision(golden::run_blindsight_case<BlindSightOps>(c), "masked_out", prefill_precision(c.dtype, c.d));
+    }
+    if (m.algorithm == "purekv") {
+        const auto c = golden::read_purekv_inputs(dir);
+        return with_precision(golden::run_purekv_case<PureKVEstimatorOnGpu>(c), "prefill_out",
+                              prefill_precision(c.dtype, c.shape.head_dim));
+    }
+    throw error(kFn, "algorithm '" + m.algorithm + "', expected zipvl, avl, baselines, blindsight or purekv");
+}
+
+}  // namespace vlsparse::sim
