@@ -187,6 +187,29 @@ inline BlockMask make_block_mask(const MaskContext& ctx, std::span<const MaskTem
     return bm;
 }
 
+namespace detail {
+
+// Throws unless `bm` is a consistent block mask of n tokens and H query heads (the shape a kernel
+// reading its CSR arrays relies on): every backend's masked attention checks it before use.
+inline void check_block_mask(const BlockMask& bm, std::int64_t n, std::int64_t H, const char* fn) {
+    require(bm.n == n, fn, "block mask covers ", bm.n, " tokens, the input has ", n, "; expected equal");
+    require(bm.heads == H, fn, "block mask has ", bm.heads, " heads, q has ", H, " query heads; expected equal");
+    require(bm.q_block >= 1 && bm.k_block >= 1 && static_cast<std::int64_t>(bm.q_block_start.size()) == bm.n_q_blocks + 1 &&
+                bm.q_block_start.front() == 0 && bm.q_block_start.back() == n &&
+                bm.n_k_blocks == (n + bm.k_block - 1) / bm.k_block &&
+                static_cast<std::int64_t>(bm.full_offsets.size()) == H * bm.n_q_blocks + 1 &&
+                static_cast<std::int64_t>(bm.partial_offsets.size()) == H * bm.n_q_blocks + 1 &&
+                bm.partial_key_lo.size() == bm.partial_indices.size() &&
+                bm.partial_key_hi.size() == bm.partial_indices.size() &&
+                bm.full_offsets.back() == static_cast<std::int64_t>(bm.full_indices.size()) &&
+                bm.partial_offsets.back() == static_cast<std::int64_t>(bm.partial_indices.size()) &&
+                static_cast<std::int64_t>(bm.head_template.size()) == H && bm.context.n == n,
+            fn, "block mask is inconsistent (block counts or offsets do not match n = ", n, ", H = ", H,
+            "); expected a mask from make_block_mask");
+}
+
+}  // namespace detail
+
 // Dense boolean expansion [heads, n, n] of a block mask (1 = allowed), reading only the block lists
 // (partial blocks only inside [lo, hi)) and, there, the mask description: what a block kernel computes. For tests and pictures.
 inline std::vector<std::uint8_t> expand_block_mask(const BlockMask& bm) {
