@@ -8,7 +8,7 @@
 //   SnapKV  s_j = sum_{i >= n-w} sum_{h in group} A[h,i,j], j < n-w;  pool_k(s) -> snapkv_select
 //   FastV   s_j = (1/H) sum_h A[h,n-1,j]                                  -> fastv_select
 // Same signatures and results as <vlsparse/reference/baselines.hpp> (up to fp32 rounding of the
-// scores). The Policy adapters (H2OPolicy, ...) are in <vlsparse/policies/policy.hpp>.
+// scores). The Policy adapters (H2OPolicy, ...) are in <vlsparse/policies/baselines_policy.hpp>.
 // Include: <vlsparse/vlsparse.hpp> or this header.
 #pragma once
 

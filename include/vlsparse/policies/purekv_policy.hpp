@@ -1,4 +1,4 @@
-// vlsparse/policies/purekv_policy.hpp -- PureKV as a Policy (policies/policy.hpp): the adapter an engine
+// vlsparse/policies/purekv_policy.hpp -- PureKV as a Policy (policies/policy_interface.hpp): the adapter an engine
 // loop or the simulator drives layer by layer.
 //
 //   begin(layout, shape):  a fresh simd::PureKVEstimator for the prompt (checks l0 < layers, the window
@@ -14,13 +14,14 @@
 // saves, against what it costs in fidelity. Layers up to l0 are unchanged. Not a PureKVParams key
 // (the golden files and the GPU estimator follow the paper); the simulator's `own_layer_scores`.
 // PureKV scores every position of the prompt, so it needs all rows (positions 0..n-1) in every layer.
-// Include: <vlsparse/policies/purekv_policy.hpp> (or <vlsparse/vlsparse.hpp>).
+// Include: <vlsparse/policies/purekv_policy.hpp> (or <vlsparse/policies/policy.hpp>).
 #pragma once
 
+#include <concepts>
 #include <optional>
 #include <string_view>
 
-#include "vlsparse/policies/policy.hpp"
+#include "vlsparse/policies/policy_interface.hpp"
 #include "vlsparse/policies/purekv.hpp"
 
 namespace vlsparse {
