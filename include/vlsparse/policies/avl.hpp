@@ -6,7 +6,7 @@
 //   decode step t: t % K == 0 -> every kept row + re-rank core; otherwise core image rows + non-image rows
 //
 // Same signatures and semantics as vlsparse/reference/avl.hpp; the selection, the prefill filter,
-// H2O's text choice, PPCI and the DecodeSchedule are the shared code of avl_params.hpp.
+// H2O's text choice and PPCI are the shared code of avl_params.hpp, the DecodeSchedule of avl_schedule.hpp.
 // Scores by simd::probe_attention (fp32 accumulation), head means in double.
 // Include: <vlsparse/vlsparse.hpp> (or this header alone).
 #pragma once
@@ -14,6 +14,7 @@
 #include "vlsparse/attention/indexed_decode.hpp"
 #include "vlsparse/attention/probe.hpp"
 #include "vlsparse/policies/avl_params.hpp"
+#include "vlsparse/policies/avl_schedule.hpp"
 
 namespace vlsparse::simd {
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "vlsparse/policies/avl.hpp"
+#include "vlsparse/policies/avl_schedule.hpp"
 #include "vlsparse/policies/policy_interface.hpp"
 
 namespace vlsparse {

@@ -22,6 +22,7 @@
 #include "vlsparse/attention/masked.hpp"
 #include "vlsparse/attention/probe.hpp"
 #include "vlsparse/core/topk.hpp"
+#include "vlsparse/policies/purekv_estimator.hpp"
 #include "vlsparse/policies/purekv_params.hpp"
 
 namespace vlsparse::simd {
@@ -143,7 +144,7 @@ void purekv_st_attention(View3<const TQ> q, View3<const TK> k, View3<const TK> v
 }
 
 // PureKV's operations on the SIMD backend: the concept of BasicPureKVEstimator's Backend
-// (purekv_params.hpp: window_scores, select, masked, dense, uses_block_mask); reference::PureKVOps is the twin.
+// (purekv_estimator.hpp: window_scores, select, masked, dense, uses_block_mask); reference::PureKVOps is the twin.
 struct PureKVOps {
     static constexpr bool uses_block_mask = true;
     template <class TQ, class TK>
@@ -169,7 +170,7 @@ namespace detail {
 using PureKVBackend [[deprecated("use simd::PureKVOps")]] = PureKVOps;
 }  // namespace detail
 
-// The cross-layer estimator on the SIMD path (see purekv_params.hpp).
+// The cross-layer estimator on the SIMD path (see purekv_estimator.hpp).
 using PureKVEstimator = BasicPureKVEstimator<PureKVOps>;
 
 }  // namespace vlsparse::simd

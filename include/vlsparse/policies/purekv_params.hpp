@@ -1,6 +1,6 @@
 // vlsparse/policies/purekv_params.hpp -- PureKV parameters, result types and the backend-independent
-// parts (argument checks, budgets, the ST-SpAttn mask, the Spearman validation and the cross-layer
-// estimator state), shared by the reference, SIMD and CUDA paths.
+// parts (argument checks, budgets, the ST-SpAttn mask, the Spearman validation), shared by the
+// reference, SIMD and CUDA paths.
 //
 // PureKV (arXiv:2510.25600, Sections 3.1-3.3; its equations are restated in docs/purekv.md):
 //   A^l[h,i,j] = softmax_{j <= i}(scale q^l_{i,h} . k^l_{j,g(h)}),  i in the window W = [n-w, n)   (Eq. 1)
@@ -12,14 +12,7 @@
 // Groups: per KV head by default (group g sums the query heads of its GQA group and uses ||V_{j,g}||);
 // option `layer`: one group summing every query head, with the mean over KV heads of ||V_{j,g}||.
 //
-// The estimator (BasicPureKVEstimator, used as simd::PureKVEstimator or reference::PureKVEstimator)
-// carries the lower layers' scores through one prefill, layer by layer:
-//   simd::PureKVEstimator est(params, layout, shape);
-//   for (l = 0; l < L; ++l) {
-//       if (est.needs_scores(l)) est.observe(l, q_l, k_l);          // layers <= l0: window attention
-//       est.attention(l, q_l, k_l, v_l, out_l);                     // ST-masked from st_start_layer on
-//       cache_l.assign(k_l, v_l); purekv_evict(cache_l, est.select(l, v_l));   // no scores above l0
-//   }
+// The cross-layer estimator that carries l0's scores through a prefill: policies/purekv_estimator.hpp.
 // Include: <vlsparse/policies/purekv.hpp> (SIMD path) or <vlsparse/reference/purekv.hpp> (reference).
 #pragma once
 
@@ -286,161 +279,5 @@ inline PureKVSelection purekv_dense_selection(std::int64_t n, std::int64_t layer
 }
 
 }  // namespace detail
-
-// The cross-layer estimator state of one prefill (see the header comment). Backend supplies the
-// numerical steps: window_scores(q, k, layer, P), select(scores, v, layer, P), attention(q, k, v,
-// ctx, block_mask or nullptr, out, P) and dense(q, k, v, out, P); `uses_block_mask` says whether
-// attention() reads a BlockMask (SIMD) or only the MaskContext (reference).
-template <class Backend>
-class BasicPureKVEstimator {
-public:
-    // Checks everything that does not depend on a layer's tensors: params, the model shape, l0 <
-    // layers, the window against the prompt length, the budget range, st_start_layer < layers.
-    BasicPureKVEstimator(const PureKVParams& P, const Layout& layout, const ModelShape& shape)
-        : P_(P), layout_(layout), shape_(shape) {
-        constexpr const char* fn = "PureKVEstimator";
-        detail::check_purekv_params(P, fn);
-        shape.validate(fn);
-        detail::require(P.l0 < shape.layers, fn, "l0 = ", P.l0, " is beyond the model's layers, expected 0 <= l0 < ",
-                        shape.layers);
-        detail::require(P.st.kind == VideoMask::none || P.st_start_layer < shape.layers, fn, "st_start_layer = ",
-                        P.st_start_layer, ", expected < layers = ", shape.layers,
-                        " (set st.kind = none to switch ST-SpAttn off)");
-        detail::require(layout.n() > 0, fn, "empty layout, expected at least one token");
-        (void)purekv_top_h(layout.n(), P);  // window <= n, budget in range
-        scores_.resize(static_cast<std::size_t>(shape.layers));
-        if (P.st.kind != VideoMask::none && purekv_masked_layer(layout, P.st_start_layer, P)) {
-            ctx_ = make_video_mask_context(layout, P.st);
-            if constexpr (Backend::uses_block_mask)
-                block_mask_ = make_block_mask(
-                    ctx_, std::vector<MaskTemplate>(static_cast<std::size_t>(shape.heads), MaskTemplate::dense),
-                    P.q_block, P.k_block);
-        }
-    }
-
-    const PureKVParams& params() const { return P_; }
-    const Layout& layout() const { return layout_; }
-    const ModelShape& shape() const { return shape_; }
-    std::int64_t n() const { return layout_.n(); }
-
-    // True when select(layer) needs observe(layer) first: l0 itself, and the layers below it unless
-    // lower_layers == dense. Higher layers never compute attention scores (Eq. 4).
-    bool needs_scores(std::int64_t layer) const {
-        check_layer(layer, "PureKVEstimator::needs_scores");
-        return layer == P_.l0 || (layer < P_.l0 && P_.lower_layers == PureKVLowerLayers::own_scores);
-    }
-
-    // Computes and keeps layer `layer`'s window scores (Eq. 2). q [n, H, d], k [n, H_kv, d].
-    template <ElementType TQ, ElementType TK>
-    const PureKVScores& observe(std::int64_t layer, View3<const TQ> q, View3<const TK> k) {
-        constexpr const char* fn = "PureKVEstimator::observe";
-        check_layer(layer, fn);
-        detail::require(needs_scores(layer), fn, "layer ", layer, " does not use its own attention scores (l0 = ", P_.l0,
-                        layer > P_.l0 ? "; higher layers reuse l0's scores, Eq. 4)" : "; lower_layers = dense)");
-        check_shape(q, k, fn);
-        auto& slot = scores_[static_cast<std::size_t>(layer)];
-        slot = Backend::window_scores(q, k, layer, P_);
-        return *slot;
-    }
-
-    bool observed(std::int64_t layer) const {
-        check_layer(layer, "PureKVEstimator::observed");
-        return scores_[static_cast<std::size_t>(layer)].has_value();
-    }
-
-    // The scores select(layer) uses: the layer's own up to l0, l0's above. Throws when they have not
-    // been observed yet (or the layer is dense).
-    const PureKVScores& scores(std::int64_t layer) const {
-        constexpr const char* fn = "PureKVEstimator::scores";
-        check_layer(layer, fn);
-        detail::require(layer >= P_.l0 || P_.lower_layers == PureKVLowerLayers::own_scores, fn, "layer ", layer,
-                        " is below l0 = ", P_.l0, " with lower_layers = dense: it has no scores");
-        const std::int64_t src = layer <= P_.l0 ? layer : P_.l0;
-        const auto& slot = scores_[static_cast<std::size_t>(src)];
-        detail::require(slot.has_value(), fn, "the scores of layer ", src, " are needed for layer ", layer,
-                        " but were not observed; call observe(", src, ", q, k) first");
-        return *slot;
-    }
-
-    // Eq. 3 (layers <= l0) or Eq. 4 (higher layers) and the kept set. v [n, H_kv, d] of this layer.
-    template <ElementType TV>
-    PureKVSelection select(std::int64_t layer, View3<const TV> v) const {
-        constexpr const char* fn = "PureKVEstimator::select";
-        check_layer(layer, fn);
-        detail::require(v.shape[0] == n() && v.shape[1] == shape_.kv_heads && v.shape[2] == shape_.head_dim, fn,
-                        "v has shape [", v.shape[0], ", ", v.shape[1], ", ", v.shape[2], "], expected [", n(), ", ",
-                        shape_.kv_heads, ", ", shape_.head_dim, "]");
-        if (layer < P_.l0 && P_.lower_layers == PureKVLowerLayers::dense) return detail::purekv_dense_selection(n(), layer);
-        return Backend::select(scores(layer), v, layer, P_);
-    }
-
-    // The paper's validation for layer `layer` > l0: its own window scores (Eq. 2 with its q, k) against
-    // l0's, both weighted by its ||V|| (Eq. 5-6), compared by Spearman per group (Eq. 7).
-    template <ElementType TQ, ElementType TK>
-    PureKVLayerValidation validate(std::int64_t layer, View3<const TQ> q, View3<const TK> k, View3<const TK> v) const {
-        constexpr const char* fn = "PureKVEstimator::validate";
-        check_layer(layer, fn);
-        detail::require(layer > P_.l0, fn, "layer = ", layer, ", expected a layer above l0 = ", P_.l0);
-        check_shape(q, k, fn);
-        const PureKVSelection est = select(layer, v);
-        const PureKVSelection own = Backend::select(Backend::window_scores(q, k, layer, P_), v, layer, P_);
-        return purekv_validation(est, own);
-    }
-
-    // True when layer `layer`'s prefill uses the ST-SpAttn mask.
-    bool masked(std::int64_t layer) const {
-        check_layer(layer, "PureKVEstimator::masked");
-        return purekv_masked_layer(layout_, layer, P_);
-    }
-    // The video mask description (valid when some layer is masked).
-    const MaskContext& mask_context() const { return ctx_; }
-    // The ST block mask (SIMD backend, when some layer is masked).
-    const BlockMask* block_mask() const { return block_mask_ ? &*block_mask_ : nullptr; }
-
-    // The layer's prefill attention: ST-SpAttn masked from st_start_layer on (video layouts), dense
-    // causal otherwise. q [n, H, d], k, v [n, H_kv, d], out [n, H, d].
-    template <ElementType TQ, ElementType TK, OutputElement TO>
-    void attention(std::int64_t layer, View3<const TQ> q, View3<const TK> k, View3<const TK> v, View3<TO> out) const {
-        constexpr const char* fn = "PureKVEstimator::attention";
-        check_layer(layer, fn);
-        check_shape(q, k, fn);
-        if (masked(layer)) Backend::masked(q, k, v, ctx_, block_mask(), out, P_);
-        else Backend::dense(q, k, v, out, P_);
-    }
-
-    // One whole layer the way an engine runs it: observe (when needed), the prefill attention into
-    // `out`, the cache filled with the layer's K/V and evicted to the kept set. Returns the selection.
-    template <ElementType TQ, ElementType TK, OutputElement TO, ElementType TC>
-    PureKVSelection prefill_layer(std::int64_t layer, View3<const TQ> q, View3<const TK> k, View3<const TK> v,
-                                  View3<TO> out, KvCache<TC>& cache) {
-        if (needs_scores(layer)) observe(layer, q, k);
-        attention(layer, q, k, v, out);
-        PureKVSelection s = select(layer, v);
-        cache.assign(k, v);
-        purekv_evict(cache, s);
-        return s;
-    }
-
-private:
-    void check_layer(std::int64_t layer, const char* fn) const {
-        detail::require(layer >= 0 && layer < shape_.layers, fn, "layer = ", layer, ", expected 0 <= layer < ",
-                        shape_.layers);
-    }
-    template <class TQ, class TK>
-    void check_shape(const View3<const TQ>& q, const View3<const TK>& k, const char* fn) const {
-        detail::require(q.shape[0] == n() && q.shape[1] == shape_.heads && q.shape[2] == shape_.head_dim &&
-                            k.shape[0] == n() && k.shape[1] == shape_.kv_heads && k.shape[2] == shape_.head_dim,
-                        fn, "q [", q.shape[0], ", ", q.shape[1], ", ", q.shape[2], "] and k [", k.shape[0], ", ",
-                        k.shape[1], ", ", k.shape[2], "] do not match the prompt and model (n = ", n(), ", H = ",
-                        shape_.heads, ", H_kv = ", shape_.kv_heads, ", d = ", shape_.head_dim, ")");
-    }
-
-    PureKVParams P_;
-    Layout layout_;
-    ModelShape shape_;
-    std::vector<std::optional<PureKVScores>> scores_;  // [layers]; only layers <= l0 are ever set
-    MaskContext ctx_;
-    std::optional<BlockMask> block_mask_;
-};
 
 }  // namespace vlsparse

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "vlsparse/policies/avl_params.hpp"
+#include "vlsparse/policies/avl_schedule.hpp"
 #include "vlsparse/reference/attention.hpp"
 #include "vlsparse/reference/indexed_decode.hpp"
 

@@ -22,6 +22,7 @@
 #include "vlsparse/io/golden.hpp"
 #include "vlsparse/kv/kv_cache.hpp"
 #include "vlsparse/policies/avl_params.hpp"
+#include "vlsparse/policies/avl_schedule.hpp"
 #include "vlsparse/reference/zipvl_golden.hpp"
 
 namespace vlsparse {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "vlsparse/masks/templates.hpp"
+#include "vlsparse/policies/purekv_estimator.hpp"
 #include "vlsparse/policies/purekv_params.hpp"
 #include "vlsparse/reference/attention.hpp"
 #include "vlsparse/reference/blindsight.hpp"
@@ -121,7 +122,7 @@ void purekv_st_attention(View3<const TQ> q, View3<const TK> k, View3<const TK> v
 }
 
 // PureKV's operations on the reference backend: the concept of BasicPureKVEstimator's Backend
-// (purekv_params.hpp: window_scores, select, masked, dense, uses_block_mask); simd::PureKVOps is the twin.
+// (purekv_estimator.hpp: window_scores, select, masked, dense, uses_block_mask); simd::PureKVOps is the twin.
 struct PureKVOps {
     static constexpr bool uses_block_mask = false;
     template <class TQ, class TK>
@@ -148,7 +149,7 @@ namespace detail {
 using PureKVBackend [[deprecated("use reference::PureKVOps")]] = PureKVOps;
 }  // namespace detail
 
-// The cross-layer estimator on the reference path (see purekv_params.hpp).
+// The cross-layer estimator on the reference path (see purekv_estimator.hpp).
 using PureKVEstimator = BasicPureKVEstimator<PureKVOps>;
 
 }  // namespace vlsparse::reference
