@@ -2,6 +2,12 @@
 // "CUDA III" (bf16, H = 28, H_kv = 4, d = 128, batch 1, n = 8K .. 32K):
 //   dense_causal           dense_prefill_attention (PrefillKernel::automatic: wgmma on an H100 with sm_90a code)
 //   dense_causal_mma_sync  the same on the portable mma.sync path (PrefillKernel::mma_sync)
+//   dense_causal_simt      the same on the CUDA-core kernel (PrefillKernel::simt; slow: only when --cases
+//                          names it)
+//   dense_causal_fp32      fp32 q, k, v (the CUDA-core kernel; only when --cases names it)
+//   blindsight_calibrate   BlindSight's Algorithm 1 for one layer (cuda::BlindSightCalibrator: the dense
+//                          output, the three candidates', the per-head NMSEs) on the Document layout;
+//                          pairs = the four masks' allowed pairs
 //   blindsight_<template>  masked_prefill_attention, every head on one template, on 8 images with 64 text
 //                          tokens around and between them (the issue's Document layout)
 //   blindsight_mixed       the same layout, the 28 heads cycling through the four templates
@@ -35,6 +41,7 @@
 #include <vector>
 
 #include <vlsparse/core/rng.hpp>
+#include <vlsparse/cuda/blindsight.cuh>
 #include <vlsparse/cuda/prefill.cuh>
 #include <vlsparse/cuda/zipvl.cuh>
 #include <vlsparse/masks/flops.hpp>
@@ -117,6 +124,8 @@ int main(int argc, char** argv) {
     opt.check_finite = false;
     opt.check_inputs = false;
     auto want = [&](const std::string& c) { return only.empty() || only.find("," + c + ",") != std::string::npos; };
+    // The CUDA-core cases run only when --cases names them (seconds per call at 16K).
+    auto named = [&](const std::string& c) { return only.find("," + c + ",") != std::string::npos; };
 
     for (const std::int64_t n : ns) {
         SplitMix64 rng(static_cast<std::uint64_t>(n) * 31u + 7u);
@@ -150,6 +159,25 @@ int main(int argc, char** argv) {
             row("vlsparse", "dense_causal_mma_sync", us, H * n * (n + 1) / 2, "mma.sync");
         }
 
+        if (named("dense_causal_simt")) {  // the CUDA-core kernel on the same bf16 inputs
+            cuda::PrefillOptions o2 = opt;
+            o2.kernel = cuda::PrefillKernel::simt;
+            const double us = timed([&] { cuda::dense_prefill_attention(qv, kv, vv, ov, o2); });
+            row("vlsparse", "dense_causal_simt", us, H * n * (n + 1) / 2, "CUDA cores");
+        }
+        if (named("dense_causal_fp32")) {  // fp32 inputs: the CUDA-core kernel
+            std::vector<float> qf(q.size()), kf(k.size()), vf(v.size());
+            for (std::size_t i = 0; i < q.size(); ++i) qf[i] = to_float(q[i]);
+            for (std::size_t i = 0; i < k.size(); ++i) kf[i] = to_float(k[i]);
+            for (std::size_t i = 0; i < v.size(); ++i) vf[i] = to_float(v[i]);
+            cuda::DeviceArray<float> qfd(qf), kfd(kf), vfd(vf), ofd(static_cast<std::size_t>(n * H * d));
+            const double us = timed([&] {
+                cuda::dense_prefill_attention(View3<const float>(qfd.data(), {n, H, d}), View3<const float>(kfd.data(), {n, Hkv, d}),
+                                              View3<const float>(vfd.data(), {n, Hkv, d}), View3<float>(ofd.data(), {n, H, d}), opt);
+            });
+            row("vlsparse", "dense_causal_fp32", us, H * n * (n + 1) / 2, "fp32 inputs, CUDA cores");
+        }
+
         // BlindSight: 8 images with 64 text tokens around and between them.
         {
             const std::int64_t img = (n - 9 * 64) / 8, tail = n - 9 * 64 - 8 * img;
@@ -171,6 +199,20 @@ int main(int argc, char** argv) {
             std::vector<MaskTemplate> mixed(static_cast<std::size_t>(H));
             for (std::int64_t h = 0; h < H; ++h) mixed[static_cast<std::size_t>(h)] = static_cast<MaskTemplate>(h % 4);
             cases.push_back({"blindsight_mixed", mixed});
+            if (want("blindsight_calibrate")) {
+                BlindSightParams P;
+                cuda::BlindSightCalibrator cal(layout, P, H, Hkv);
+                std::int64_t pairs = 0;
+                for (int t = 0; t < 4; ++t) pairs += cal.plan(static_cast<MaskTemplate>(t)).allowed_pairs();
+                int chosen = 0;
+                const double us = timed([&] {
+                    const auto r = cal.characterize(qv, kv, vv, opt);
+                    chosen = static_cast<int>(std::count_if(r.begin(), r.end(), [](const auto& c) { return c.chosen != MaskTemplate::dense; }));
+                });
+                row("vlsparse", "blindsight_calibrate", us, pairs,
+                    "Algorithm 1, one layer of " + std::to_string(H) + " heads (dense + 3 templates, NMSEs; " +
+                        std::to_string(chosen) + " heads not dense on random inputs)");
+            }
             for (const auto& c : cases) {
                 if (!want(c.name)) continue;
                 const cuda::MaskedPrefillPlan plan(ctx, c.heads, Hkv);

@@ -11,8 +11,8 @@
 //     step over the schedule's rows with the kernel's probabilities for the refresh re-rank;
 //   - baselines: H2O / SnapKV / FastV scores (BaselineScorer, SnapKV's pooling kernel), H2O's decode steps
 //     with the kernel's probabilities;
-//   - BlindSight: masked_prefill_attention per head template; Algorithm 1's NMSEs from the dense and the
-//     template outputs of the CUDA-core prefill kernel (fp32 arithmetic: the golden NMSE bar is fp32's);
+//   - BlindSight: masked_prefill_attention per head template; Algorithm 1 by cuda::BlindSightCalibrator on
+//     the CUDA-core prefill kernel (fp32 arithmetic: the golden NMSE bar is fp32's);
 //   - PureKV: cuda::PureKVEstimator (window scores, ||V||, importance, kept lists, the layer's ST or
 //     dense prefill); the validation's own-layer selection from a second estimator on the GPU.
 // The host code every backend shares does the rest: KvCache eviction and append (the cache rows a case
@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "vlsparse/cuda/baselines.cuh"
+#include "vlsparse/cuda/blindsight.cuh"
 #include "vlsparse/cuda/indexed_decode.cuh"
 #include "vlsparse/cuda/prefill.cuh"
 #include "vlsparse/cuda/purekv.cuh"
@@ -289,25 +290,14 @@ struct BlindSightOps {
                        std::span<const MaskTemplate> heads, View3<float> out) {
         run(q, k, v, ctx, heads, out, cuda::PrefillKernel::automatic, 0.0f);
     }
-    // Algorithm 1 on the GPU: the dense output and each candidate template's, NMSE per head.
+    // Algorithm 1 on the GPU (cuda::BlindSightCalibrator) with both outputs in fp32 arithmetic (the
+    // CUDA-core prefill kernel): the golden NMSE bar is fp32's.
     template <class T>
     static std::vector<HeadCharacterization> characterize(View3<const T> q, View3<const T> k, View3<const T> v,
                                                           const Layout& layout, const BlindSightParams& P) {
-        const std::int64_t n = q.shape[0], H = q.shape[1], d = q.shape[2];
-        const MaskContext ctx = make_mask_context(layout, P.mask);
-        std::vector<float> ref(static_cast<std::size_t>(n * H * d)), o(ref.size());
-        const View3<float> ref_v(ref.data(), {n, H, d}), o_v(o.data(), {n, H, d});
-        run(q, k, v, ctx, std::vector<MaskTemplate>(static_cast<std::size_t>(H), MaskTemplate::dense), ref_v,
-            cuda::PrefillKernel::simt, static_cast<float>(P.scale));
-        std::vector<HeadCharacterization> r(static_cast<std::size_t>(H));
-        for (MaskTemplate t : kCandidateTemplates) {
-            run(q, k, v, ctx, std::vector<MaskTemplate>(static_cast<std::size_t>(H), t), o_v, cuda::PrefillKernel::simt,
-                static_cast<float>(P.scale));
-            for (std::int64_t h = 0; h < H; ++h)
-                r[static_cast<std::size_t>(h)].nmse[static_cast<std::size_t>(t)] = ::vlsparse::detail::head_nmse(o, ref, n, H, d, h);
-        }
-        for (auto& c : r) c.chosen = choose_template(c.nmse, P.alpha);
-        return r;
+        const Dev<const T, 3> qd(q), kd(k), vd(v);
+        cuda::BlindSightCalibrator cal(layout, P, q.shape[1], k.shape[1]);
+        return cal.characterize(qd.v, kd.v, vd.v, prefill_options(0.0f, cuda::PrefillKernel::simt));
     }
 
 private:

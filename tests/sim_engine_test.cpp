@@ -1097,6 +1097,22 @@ TEST_CASE("sim golden verify --backend cpu: every golden case through the SIMD p
     const GoldenVerifyResult again = golden_verify(d / "out", golden_root());
     CHECK(again.cases.size() == r.cases.size());
     CHECK(again.pass());
+    // --precision: a port's prefill_out scaled by 1 + 1e-3 (NMSE 1e-6) fails the fp32 bar, passes the bf16 one.
+    {
+        const fs::path f = d / "out" / "zipvl" / "gqa_bf16_kv_head" / "prefill_out.npy";
+        NpyArray a = read_npy(f);
+        auto x = a.to_vector<float>();
+        for (auto& e : x) e *= 1.0f + 1e-3f;
+        write_npy(f, NpyArray::from(x.data(), a.shape));
+        CHECK_FALSE(golden_verify(d / "out", golden_root()).pass());
+        CHECK(golden_verify(d / "out", golden_root(), "bf16").pass());
+        CHECK_THROWS_WITH(golden_verify(d / "out", golden_root(), "fp8"), Catch::Matchers::Contains("precision 'fp8'"));
+        const std::string port = (d / "out").string(), gr = golden_root().string();
+        CHECK(sim_cli_status({"golden", "verify", port, "--golden", gr}) == 1);
+        CHECK(sim_cli_status({"golden", "verify", port, "--golden", gr, "--precision", "bf16"}) == 0);
+        CHECK(sim_cli_status({"golden", "verify", port, "--golden", gr, "--precision", "fp8"}) == 2);
+        CHECK(sim_cli_status({"golden", "verify", "--backend", "cpu", gr, "--precision", "bf16"}) == 2);
+    }
     // One algorithm folder, one case.
     CHECK(golden_run(golden_root() / "avl", cpu_golden_case).cases.size() == 3);
     CHECK(golden_run(golden_root() / "zipvl" / "ties_uniform", cpu_golden_case).cases.size() == 1);

@@ -180,7 +180,8 @@ TEST_CASE("sim backends: the cuda backend's errors", "[cuda][sim]") {
 // Every golden case through the CUDA path (sim/golden_cuda.cu) passes under the golden tolerances, the
 // same cases as through the SIMD path; prefill outputs the tensor cores computed are held to their
 // 16-bit type's bar and everything else (the CUDA-core prefill of fp32 and other head dims, decode,
-// scores) to fp32's; the written outputs are a port's tree that `golden verify DIR` accepts.
+// scores) to fp32's; the written outputs are a port's tree that `golden verify DIR --precision bf16`
+// accepts.
 TEST_CASE("sim golden verify --backend cuda: every golden case through the CUDA path", "[cuda][sim][golden]") {
     namespace fs = std::filesystem;
     const char* env = std::getenv("VLSPARSE_GOLDEN_DIR");
@@ -208,7 +209,10 @@ TEST_CASE("sim golden verify --backend cuda: every golden case through the CUDA 
     CHECK(bars.count("prefill_out:fp32") == 1);   // fp32 cases and small head dims on the CUDA cores
     CHECK(bars.count("decode_out:fp32") == 1);
     CHECK(bars.count("decode_out:bf16") == 0);
-    const vlsparse::sim::GoldenVerifyResult again = vlsparse::sim::golden_verify(out, root);
+    // Read back as a port's tree: at the fp32 bar the tensor cores' bf16 prefill output fails (P rounded to
+    // 16 bits), at the bf16 bar (golden verify --precision bf16) every case passes.
+    CHECK_FALSE(vlsparse::sim::golden_verify(out, root).pass());
+    const vlsparse::sim::GoldenVerifyResult again = vlsparse::sim::golden_verify(out, root, "bf16");
     CHECK(again.cases.size() == r.cases.size());
     CHECK(again.pass());
     fs::remove_all(out);

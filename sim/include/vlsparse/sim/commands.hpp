@@ -619,7 +619,7 @@ inline int cmd_golden(Args& a) {
         return a.empty() ? 0 : 0;
     }
     if (!a.flag("verify")) a.fail("unknown golden command '" + a.peek() + "', expected: golden verify DIR");
-    std::optional<std::string> dir, json_out, backend, out_dir;
+    std::optional<std::string> dir, json_out, backend, out_dir, precision;
     std::optional<std::filesystem::path> golden;
     const bool parsed = detail::parse_args(
         a, kGoldenUsage,
@@ -628,6 +628,7 @@ inline int cmd_golden(Args& a) {
             else if (auto v1 = a.value("--json")) json_out = *v1;
             else if (auto v2 = a.value("--backend")) backend = *v2;
             else if (auto v3 = a.value("--out")) out_dir = *v3;
+            else if (auto v4 = a.value("--precision")) precision = *v4;
             else return false;
             return true;
         },
@@ -637,6 +638,7 @@ inline int cmd_golden(Args& a) {
     if (backend) {
         // The backend computes the outputs of the golden cases named by DIR (default: every case).
         if (golden) a.fail("--golden is for a port's outputs; with --backend, name the golden cases as DIR");
+        if (precision) a.fail("--precision is for a port's outputs; with --backend, each output's bar is its arithmetic's");
         GoldenCaseRunner run;
         if (*backend == "cpu") {
             run = cpu_golden_case;
@@ -658,7 +660,9 @@ inline int cmd_golden(Args& a) {
     } else {
         if (out_dir) a.fail("--out is for --backend (where the computed outputs are written)");
         if (!dir) a.fail("missing DIR: the folder of the port's outputs");
-        r = golden_verify(*dir, golden ? *golden : default_golden_dir());
+        if (precision && !is_golden_precision(*precision))
+            a.fail("--precision '" + *precision + "', expected fp64, fp32, fp16 or bf16");
+        r = golden_verify(*dir, golden ? *golden : default_golden_dir(), precision ? *precision : "fp32");
     }
     print_golden_verify(stdout, r);
     if (json_out) write_text_file(*json_out, to_json(r).dump(2) + "\n", "JSON result");

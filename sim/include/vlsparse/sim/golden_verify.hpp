@@ -9,9 +9,11 @@
 // (algorithm and case), else by its folder names, else by its .npy file names: the one golden case
 // whose outputs are all there and whose outputs and inputs are all there is, else the one whose
 // outputs are all there. Every output
-// of the golden manifest is compared with vlsparse::compare (io/golden.hpp) under its metric and
-// tolerance (exact / rel / abs / nmse): pass, or the first difference (flat and multi-index, expected,
-// got, |difference|) and the metric's value against the tolerance. A missing output file fails.
+// of the golden manifest is compared with vlsparse::compare (io/golden.hpp) under its metric and the
+// tolerance for the port's arithmetic precision (`precision`, default fp32: the manifest's "tols"
+// entry for it, else "tol"; as golden_check.py --precision): pass, or the first difference (flat and
+// multi-index, expected, got, |difference|) and the metric's value against the tolerance. A missing
+// output file fails.
 // Include: <vlsparse/sim/golden_verify.hpp>
 #pragma once
 
@@ -98,7 +100,8 @@ inline void first_difference(const GoldenTensor& spec, const NpyArray& exp, cons
     }
 }
 
-inline GoldenCaseCheck verify_case(const std::filesystem::path& port, const std::filesystem::path& golden_case) {
+inline GoldenCaseCheck verify_case(const std::filesystem::path& port, const std::filesystem::path& golden_case,
+                                   const std::string& precision = "fp32") {
     GoldenCaseCheck cc;
     cc.golden_dir = golden_case;
     cc.port_dir = port;
@@ -116,7 +119,8 @@ inline GoldenCaseCheck verify_case(const std::filesystem::path& port, const std:
         c.name = spec.name;
         c.file = spec.file;
         c.metric = spec.metric;
-        c.tol = spec.tol;
+        c.tol = spec.tol_for(precision);
+        c.precision = precision == "fp32" ? "" : precision;
         const auto pf = port / spec.file;
         if (!std::filesystem::exists(pf)) {
             c.missing = true;
@@ -127,12 +131,14 @@ inline GoldenCaseCheck verify_case(const std::filesystem::path& port, const std:
         try {
             const NpyArray expected = read_tensor(golden_case, spec);
             const NpyArray got = read_npy(pf);
-            const CompareResult r = compare(spec, expected, got);
+            GoldenTensor bar = spec;
+            bar.tol = c.tol;
+            const CompareResult r = compare(bar, expected, got);
             c.pass = r.pass;
             c.value = r.value;
             c.detail = r.detail;
             if (!r.pass) {
-                first_difference(spec, expected, got, c);
+                first_difference(bar, expected, got, c);
                 if (spec.metric == "exact" && c.first >= 0) c.detail += " (|diff| = " + ::vlsparse::detail::fmt_num(c.diff) + ")";
             }
         } catch (const std::exception& e) {
@@ -199,15 +205,18 @@ inline std::vector<CaseFit> cases_with_outputs_in(const std::filesystem::path& d
 // the port folder is then that case's outputs, whatever its name), or the folder of all golden files
 // (the port folder is a case, an algorithm folder or a tree). Throws vlsparse::error when DIR is not a
 // folder or holds nothing that names a golden case.
-inline GoldenVerifyResult golden_verify(const std::filesystem::path& port, const std::filesystem::path& golden_root) {
+inline GoldenVerifyResult golden_verify(const std::filesystem::path& port, const std::filesystem::path& golden_root,
+                                        const std::string& precision = "fp32") {
     namespace fs = std::filesystem;
     constexpr const char* fn = "golden verify";
+    ::vlsparse::detail::require(is_golden_precision(precision), fn, "precision '", precision,
+                                "', expected fp64, fp32, fp16 or bf16");
     ::vlsparse::detail::require(fs::is_directory(port), fn, "'", port.string(), "' is not a folder");
     ::vlsparse::detail::require(fs::is_directory(golden_root), fn, "the golden folder '", golden_root.string(),
                                 "' does not exist (pass --golden DIR or set VLSPARSE_GOLDEN_DIR)");
     GoldenVerifyResult res;
     if (fs::exists(golden_root / "manifest.json")) {  // --golden golden/<algorithm>/<case>
-        res.cases.push_back(detail::verify_case(port, golden_root));
+        res.cases.push_back(detail::verify_case(port, golden_root, precision));
         return res;
     }
     // A case folder: manifest.json, or .npy files.
@@ -235,7 +244,7 @@ inline GoldenVerifyResult golden_verify(const std::filesystem::path& port, const
                 res.cases.push_back(cc);
                 return true;
             }
-            res.cases.push_back(detail::verify_case(d, g));
+            res.cases.push_back(detail::verify_case(d, g, precision));
             return true;
         }
         if (detail::has_npy(d)) {
@@ -245,7 +254,7 @@ inline GoldenVerifyResult golden_verify(const std::filesystem::path& port, const
             const std::string name = p.filename().string(), algo = p.parent_path().filename().string();
             const fs::path g = golden_root / algo / name;
             if (fs::is_directory(g)) {
-                res.cases.push_back(detail::verify_case(d, g));
+                res.cases.push_back(detail::verify_case(d, g, precision));
                 return true;
             }
             // Not named like a case: the one case whose outputs (and inputs) are exactly its .npy files,
@@ -257,7 +266,7 @@ inline GoldenVerifyResult golden_verify(const std::filesystem::path& port, const
             }
             const std::vector<fs::path>& cands = exact.empty() ? all : exact;
             if (cands.size() == 1) {
-                res.cases.push_back(detail::verify_case(d, cands[0]));
+                res.cases.push_back(detail::verify_case(d, cands[0], precision));
                 return true;
             }
             GoldenCaseCheck cc;
