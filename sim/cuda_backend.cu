@@ -523,25 +523,7 @@ void CudaCache::append(const float* k, const float* v) {
 
 ZipVLSelection CudaScoring::zipvl_select(const PrefillLayer& in, const Layout& layout, const ZipVLParams& P) {
     b_->check_rows(in, "cuda scoring: zipvl_select");
-    const auto& s = b_->zipvl.select(b_->qv(), b_->kv(), layout, in.layer, P);
-    ZipVLSelection r;
-    r.n = s.n;
-    r.dense = s.dense;
-    r.probes = s.probes;
-    r.heads_per_group = s.heads_per_group;
-    r.p = s.p;
-    r.selection = s.to_host();
-    const auto G = static_cast<std::size_t>(s.groups());
-    for (auto [src, dst] : {std::pair{s.accumulated, &r.accumulated}, std::pair{s.normalized, &r.normalized}}) {
-        if (!src) continue;
-        std::vector<float> h(G * static_cast<std::size_t>(s.n));
-        check(cudaMemcpy(h.data(), src, h.size() * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
-        dst->assign(G, std::vector<double>(static_cast<std::size_t>(s.n)));
-        for (std::size_t g = 0; g < G; ++g)
-            for (std::int64_t j = 0; j < s.n; ++j)
-                (*dst)[g][static_cast<std::size_t>(j)] = h[g * static_cast<std::size_t>(s.n) + static_cast<std::size_t>(j)];
-    }
-    return r;
+    return b_->zipvl.select(b_->qv(), b_->kv(), layout, in.layer, P).to_host_selection();
 }
 
 std::vector<double> CudaScoring::last_row_scores(const PrefillLayer& in, const AttentionOptions& opt) {

@@ -76,15 +76,6 @@ void download(const cuda::DeviceArray<float>& d, const V& host) {
                                    kFn, "cudaMemcpy");
 }
 
-std::vector<std::vector<double>> download_groups(const float* p, std::int64_t G, std::int64_t n) {
-    std::vector<float> h(static_cast<std::size_t>(G * n));
-    if (!h.empty())
-        cuda::detail::check_cuda(cudaMemcpy(h.data(), p, h.size() * sizeof(float), cudaMemcpyDeviceToHost), kFn, "cudaMemcpy");
-    std::vector<std::vector<double>> r(static_cast<std::size_t>(G));
-    for (std::int64_t g = 0; g < G; ++g) r[static_cast<std::size_t>(g)].assign(h.begin() + g * n, h.begin() + (g + 1) * n);
-    return r;
-}
-
 cuda::PrefillOptions prefill_options(float scale, cuda::PrefillKernel kernel = cuda::PrefillKernel::automatic) {
     cuda::PrefillOptions o;
     o.scale = scale;
@@ -157,20 +148,7 @@ struct ZipVLOps {
                                  const ZipVLParams& P) {
         const Dev<const T, 3> qd(q), kd(k);
         cuda::ZipVLSelector selector;
-        const cuda::DeviceZipVLSelection& s = selector.select(qd.v, kd.v, layout, layer, P);
-        ZipVLSelection r;
-        r.n = s.n;
-        r.dense = s.dense;
-        r.probes = s.probes;
-        r.heads_per_group = s.heads_per_group;
-        r.p = s.p;
-        r.selection = s.to_host();
-        r.selection.scores.clear();
-        if (!s.dense) {
-            r.accumulated = download_groups(s.accumulated, s.groups(), s.n);
-            r.normalized = download_groups(s.normalized, s.groups(), s.n);
-        }
-        return r;
+        return selector.select(qd.v, kd.v, layout, layer, P).to_host_selection();
     }
     template <class T>
     static void prefill(View3<const T> q, View3<const T> k, View3<const T> v, const ZipVLSelection& s, View3<float> out,

@@ -34,6 +34,7 @@
 #include <limits>
 #include <span>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "vlsparse/attention/common.hpp"
@@ -64,6 +65,32 @@ struct DeviceZipVLSelection : DeviceSelection {
                                            // (DeviceSelection::scores points to the ranked ones)
 
     std::int64_t groups() const { return static_cast<std::int64_t>(p.size()); }
+
+    // A host copy in the CPU paths' form (synchronizes the device): the kept lists (with the ranked
+    // scores, as to_host()), probes, p, and a_j / a~_j widened to double (empty in a dense layer, as on
+    // the CPU).
+    ZipVLSelection to_host_selection() const {
+        ZipVLSelection r;
+        r.n = n;
+        r.dense = dense;
+        r.probes = probes;
+        r.heads_per_group = heads_per_group;
+        r.p = p;
+        r.selection = to_host();
+        const auto G = static_cast<std::size_t>(groups());
+        for (auto [src, dst] : {std::pair{accumulated, &r.accumulated}, std::pair{normalized, &r.normalized}}) {
+            if (!src) continue;
+            std::vector<float> h(G * static_cast<std::size_t>(n));
+            if (!h.empty())
+                detail::check_cuda(cudaMemcpy(h.data(), src, h.size() * sizeof(float), cudaMemcpyDeviceToHost),
+                                   "cuda::DeviceZipVLSelection::to_host_selection", "cudaMemcpy");
+            dst->assign(G, std::vector<double>(static_cast<std::size_t>(n)));
+            for (std::size_t g = 0; g < G; ++g)
+                for (std::int64_t j = 0; j < n; ++j)
+                    (*dst)[g][static_cast<std::size_t>(j)] = h[g * static_cast<std::size_t>(n) + static_cast<std::size_t>(j)];
+        }
+        return r;
+    }
 };
 
 // ZipVL's selection on the GPU with a reusable workspace (device buffers grow to the largest layer

@@ -93,20 +93,10 @@ inline GoldenCaseCheck check_computed(const std::filesystem::path& case_dir, con
             cc.outputs.push_back(c);
             continue;
         }
-        GoldenTensor spec = spec0;
-        spec.tol = spec0.tol_for(it->precision);
-        c.tol = spec.tol;
+        c.tol = spec0.tol_for(it->precision);
         c.precision = it->precision;
         try {
-            const NpyArray expected = read_tensor(case_dir, spec0);
-            const CompareResult r = compare(spec, expected, it->array);
-            c.pass = r.pass;
-            c.value = r.value;
-            c.detail = r.detail;
-            if (!r.pass) {
-                first_difference(spec, expected, it->array, c);
-                if (spec.metric == "exact" && c.first >= 0) c.detail += " (|diff| = " + ::vlsparse::detail::fmt_num(c.diff) + ")";
-            }
+            compare_output(case_dir, spec0, it->array, c);
         } catch (const std::exception& e) {
             c.pass = false;
             c.detail = e.what();

@@ -100,6 +100,24 @@ inline void first_difference(const GoldenTensor& spec, const NpyArray& exp, cons
     }
 }
 
+// Compares `got` with the golden case's tensor `spec` under the tolerance c.tol: fills c's verdict, the
+// metric's value, the report line and the first difference. Throws what reading the golden tensor or
+// comparing throws.
+inline void compare_output(const std::filesystem::path& golden_case, const GoldenTensor& spec, const NpyArray& got,
+                           GoldenOutputCheck& c) {
+    const NpyArray expected = read_tensor(golden_case, spec);
+    GoldenTensor bar = spec;
+    bar.tol = c.tol;
+    const CompareResult r = compare(bar, expected, got);
+    c.pass = r.pass;
+    c.value = r.value;
+    c.detail = r.detail;
+    if (!r.pass) {
+        first_difference(bar, expected, got, c);
+        if (spec.metric == "exact" && c.first >= 0) c.detail += " (|diff| = " + ::vlsparse::detail::fmt_num(c.diff) + ")";
+    }
+}
+
 inline GoldenCaseCheck verify_case(const std::filesystem::path& port, const std::filesystem::path& golden_case,
                                    const std::string& precision = "fp32") {
     GoldenCaseCheck cc;
@@ -129,18 +147,7 @@ inline GoldenCaseCheck verify_case(const std::filesystem::path& port, const std:
             continue;
         }
         try {
-            const NpyArray expected = read_tensor(golden_case, spec);
-            const NpyArray got = read_npy(pf);
-            GoldenTensor bar = spec;
-            bar.tol = c.tol;
-            const CompareResult r = compare(bar, expected, got);
-            c.pass = r.pass;
-            c.value = r.value;
-            c.detail = r.detail;
-            if (!r.pass) {
-                first_difference(bar, expected, got, c);
-                if (spec.metric == "exact" && c.first >= 0) c.detail += " (|diff| = " + ::vlsparse::detail::fmt_num(c.diff) + ")";
-            }
+            compare_output(golden_case, spec, read_npy(pf), c);
         } catch (const std::exception& e) {
             c.pass = false;
             c.detail = e.what();
