@@ -47,20 +47,6 @@ const char* kind_name(Kind k) {
 enum class Lists : std::uint8_t { dense, shared, per_head };
 const char* lists_name(Lists l) { return l == Lists::dense ? "dense" : l == Lists::shared ? "shared" : "per KV head"; }
 
-// A sorted random subset of [0, n) of size m (m <= n), drawn with the library's rng.
-std::vector<std::int64_t> batched_random_subset(std::int64_t n, std::int64_t m, std::uint64_t seed) {
-    SplitMix64 rng(seed);
-    std::vector<std::int64_t> all(static_cast<std::size_t>(n));
-    std::iota(all.begin(), all.end(), std::int64_t{0});
-    for (std::int64_t i = 0; i < m; ++i) {
-        const auto j = i + static_cast<std::int64_t>(rng.uniform() * static_cast<double>(n - i));
-        std::swap(all[static_cast<std::size_t>(i)], all[static_cast<std::size_t>(std::min(j, n - 1))]);
-    }
-    all.resize(static_cast<std::size_t>(m));
-    std::sort(all.begin(), all.end());
-    return all;
-}
-
 // The logical contents of one decode step of a batch: lengths, queries, lists, and K/V per sequence.
 template <class T>
 struct Case {
@@ -127,7 +113,7 @@ Case<T> make_case(std::int64_t H, std::int64_t Hkv, std::int64_t d, const std::v
             const std::int64_t len = c.len(b), ql = c.q_len(b);
             for (std::int64_t l = 0; l < c.lists_per_seq; ++l) {
                 const auto m = std::max<std::int64_t>(1, static_cast<std::int64_t>(frac * static_cast<double>(len)));
-                auto rows = batched_random_subset(len, std::min(m, len), seed + 100 + static_cast<std::uint64_t>(b * 16 + l));
+                auto rows = vt::random_subset(len, std::min(m, len), seed + 100 + static_cast<std::uint64_t>(b * 16 + l));
                 rows.push_back(len - ql);  // query 0's own row: every query sees a listed row
                 for (std::int64_t r = len - ql + 1; r < len; ++r)
                     if (rng.uniform() < 0.7) rows.push_back(r);
@@ -181,7 +167,7 @@ Storage<T> lay_out(const Case<T>& c, Kind kind, std::int64_t P, std::uint64_t se
             widest = std::max(widest, pages_of[static_cast<std::size_t>(b)]);
         }
         const std::int64_t n_pages = total + 3, bts = widest + 1;  // spare pages and table entries
-        std::vector<std::int64_t> perm = batched_random_subset(n_pages, n_pages, seed);
+        std::vector<std::int64_t> perm = vt::random_subset(n_pages, n_pages, seed);
         SplitMix64 rng(seed + 1);  // shuffle the pool
         for (std::int64_t i = n_pages - 1; i > 0; --i)
             std::swap(perm[static_cast<std::size_t>(i)], perm[static_cast<std::size_t>(rng.uniform() * static_cast<double>(i + 1)) % static_cast<std::size_t>(i + 1)]);
@@ -366,7 +352,7 @@ TEST_CASE("batched decode: the reference with B = 1, a contiguous cache and q_le
         CacheRows rows;
         std::vector<std::int32_t> indptr{0}, indices;
         for (std::int64_t l = 0; l < (per_head ? Hkv : 1); ++l) {
-            rows.push_back(batched_random_subset(n, 20 + 7 * l, seed + 10 + static_cast<std::uint64_t>(l)));
+            rows.push_back(vt::random_subset(n, 20 + 7 * l, seed + 10 + static_cast<std::uint64_t>(l)));
             for (auto r : rows.back()) indices.push_back(static_cast<std::int32_t>(r));
             indptr.push_back(static_cast<std::int32_t>(indices.size()));
         }

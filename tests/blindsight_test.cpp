@@ -1,6 +1,6 @@
 // BlindSight: templates (hand-checked pairs, intervals vs pairwise definition), BlockMask vs the
-// expanded mask, masked attention SIMD vs reference vs a dense attention over the expanded mask,
-// Algorithms 1-3, head map JSON, and bad input.
+// expanded mask, Algorithms 1-3, head map JSON, and bad input (the masked attention primitive:
+// masked_attention_test.cpp).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -20,76 +20,11 @@
 #include <vlsparse/reference/blindsight_golden.hpp>
 
 #include "golden_util.hpp"
+#include "mask_util.hpp"
 #include "test_util.hpp"
 
 using namespace vlsparse;
 using Catch::Matchers::Contains;
-
-namespace {
-
-// Layouts covering: 1, 4 and 8 images of unequal sizes, text between images, delimiters, video.
-const char* const kLayouts[] = {
-    "text:3,image:20,text:2",
-    "text:2,image:9,text:1,text:1,image:13,text:1,text:3,image:5,text:1,image:11,text:4",
-    "image:7,image:5,text:1,image:6",
-    "text:1,image:4,text:1,image:6,text:1,image:3,text:1,image:8,text:1,image:5,text:1,image:7,text:1,image:2,text:1,image:9,text:2",
-    "text:2,video:3x4,text:1",
-};
-
-std::vector<MaskOptions> option_sets() {
-    std::vector<MaskOptions> r(4);
-    r[1].sink_fraction = 0.3;
-    r[2].sink_offsets = {0, 2, 5};
-    r[3].bidirectional_images = true;
-    r[3].sink_offsets = {1, 3};
-    return r;
-}
-
-using vt::Qkv;
-template <class T>
-Qkv<T> blindsight_make_qkv(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::int64_t d, std::uint64_t seed) {
-    return {n, H, Hkv, d, vt::random_buffer<T>(static_cast<std::size_t>(n * H * d), seed, 1.0f),
-            vt::random_buffer<T>(static_cast<std::size_t>(n * Hkv * d), seed + 1, 1.0f),
-            vt::random_buffer<T>(static_cast<std::size_t>(n * Hkv * d), seed + 2, 1.0f)};
-}
-
-std::vector<MaskTemplate> mixed_heads(std::int64_t H, std::uint64_t seed) {
-    SplitMix64 rng(seed);
-    std::vector<MaskTemplate> r;
-    for (std::int64_t h = 0; h < H; ++h) r.push_back(static_cast<MaskTemplate>(rng.next() % 4));
-    return r;
-}
-
-// Attention of every row over an explicit [H, n, n] boolean mask, in double: the independent oracle.
-template <class T>
-std::vector<double> attention_over_mask(const Qkv<T>& in, const std::vector<std::uint8_t>& mask) {
-    const std::int64_t n = in.n, H = in.H, d = in.d, group = in.H / in.Hkv;
-    const double scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));  // the float scale every path uses
-    std::vector<double> out(static_cast<std::size_t>(n * H * d), 0.0);
-    for (std::int64_t h = 0; h < H; ++h)
-        for (std::int64_t i = 0; i < n; ++i) {
-            std::vector<double> s(static_cast<std::size_t>(n), -INFINITY);
-            double mx = -INFINITY;
-            for (std::int64_t j = 0; j < n; ++j) {
-                if (!mask[static_cast<std::size_t>((h * n + i) * n + j)]) continue;
-                double acc = 0.0;
-                for (std::int64_t c = 0; c < d; ++c)
-                    acc += static_cast<double>(detail::load(in.qv()(i, h, c))) *
-                           static_cast<double>(detail::load(in.kv()(j, h / group, c)));
-                s[static_cast<std::size_t>(j)] = acc * scale;
-                mx = std::max(mx, acc * scale);
-            }
-            double sum = 0.0;
-            for (auto& x : s) sum += (x = std::exp(x - mx));
-            for (std::int64_t j = 0; j < n; ++j)
-                for (std::int64_t c = 0; c < d; ++c)
-                    out[static_cast<std::size_t>((i * H + h) * d + c)] +=
-                        s[static_cast<std::size_t>(j)] / sum * static_cast<double>(detail::load(in.vv()(j, h / group, c)));
-        }
-    return out;
-}
-
-}  // namespace
 
 TEST_CASE("blindsight: templates on a hand-checked layout", "[blindsight][masks]") {
     // positions: text 0-1 | image A 2-5 | text 6 | image B 7-10 | text 11; sink fraction 0.25 -> 1 sink each.
@@ -154,8 +89,8 @@ TEST_CASE("blindsight: sinks by fraction (ceil) and by offsets", "[blindsight][m
 
 TEST_CASE("blindsight: row intervals equal the pairwise definition", "[blindsight][masks]") {
     std::vector<KeyInterval> iv;
-    for (const char* spec : kLayouts)
-        for (const auto& o : option_sets()) {
+    for (const char* spec : vt::kMaskLayouts)
+        for (const auto& o : vt::mask_option_sets()) {
             const MaskContext c = make_mask_context(Layout::parse(spec), o);
             for (MaskTemplate t : kAllTemplates) {
                 INFO(spec << " template " << to_string(t) << " bidir " << o.bidirectional_images);
@@ -181,8 +116,8 @@ TEST_CASE("blindsight: row intervals equal the pairwise definition", "[blindsigh
 }
 
 TEST_CASE("blindsight: BlockMask equals the expanded mask for every template and block size", "[blindsight][block_mask]") {
-    for (const char* spec : kLayouts)
-        for (const auto& o : option_sets()) {
+    for (const char* spec : vt::kMaskLayouts)
+        for (const auto& o : vt::mask_option_sets()) {
             const MaskContext c = make_mask_context(Layout::parse(spec), o);
             const std::int64_t n = c.n;
             const std::vector<MaskTemplate> heads = {MaskTemplate::dense, MaskTemplate::sink, MaskTemplate::document,
@@ -255,110 +190,13 @@ TEST_CASE("blindsight: block work scales with the allowed pairs", "[blindsight][
     REQUIRE(static_cast<double>(allowed) < 0.2 * 8192.0 * 8193.0 / 2.0);
 }
 
-TEST_CASE("blindsight: masked attention simd vs reference vs dense attention over the expanded mask",
-          "[blindsight][attention]") {
-    const auto seed = vt::base_seed();
-    INFO("seed " << seed);
-    struct Shape { const char* spec; std::int64_t H, Hkv, d, qb, kb; int opt; };
-    std::vector<Shape> shapes = {
-        {kLayouts[0], 2, 2, 8, 4, 4, 0},  {kLayouts[1], 4, 2, 16, 16, 16, 0}, {kLayouts[2], 4, 1, 5, 3, 7, 2},
-        {kLayouts[3], 8, 1, 16, 8, 32, 1}, {kLayouts[3], 8, 2, 32, 32, 8, 3},  {kLayouts[4], 4, 4, 4, 5, 3, 0},
-    };
-    const auto opts = option_sets();
-    for (const auto& s : shapes) {
-        const Layout L = Layout::parse(s.spec);
-        const std::int64_t n = L.n();
-        INFO(s.spec << " H " << s.H << " Hkv " << s.Hkv << " d " << s.d << " blocks " << s.qb << "x" << s.kb);
-        const MaskContext c = make_mask_context(L, opts[static_cast<std::size_t>(s.opt)]);
-        const auto heads = mixed_heads(s.H, seed + static_cast<std::uint64_t>(n));
-        const BlockMask bm = make_block_mask(c, heads, s.qb, s.kb);
-        auto check = [&](auto tag) {
-            using T = decltype(tag);
-            const auto in = blindsight_make_qkv<T>(n, s.H, s.Hkv, s.d, seed + static_cast<std::uint64_t>(s.H * 7 + s.d));
-            std::vector<double> ref(static_cast<std::size_t>(n * s.H * s.d));
-            std::vector<float> fast(ref.size()), scal(ref.size());
-            reference::masked_attention(in.qv(), in.kv(), in.vv(), c, heads, View3<double>(ref.data(), {n, s.H, s.d}));
-            simd::masked_attention(in.qv(), in.kv(), in.vv(), bm, View3<float>(fast.data(), {n, s.H, s.d}));
-            simd::masked_attention<T, T, float, simd::detail::scalar_arch>(in.qv(), in.kv(), in.vv(), bm,
-                                                                          View3<float>(scal.data(), {n, s.H, s.d}));
-            const auto oracle = attention_over_mask(in, expand_block_mask(bm));
-            INFO("nmse ref vs oracle " << vt::nmse(ref, oracle));
-            REQUIRE(vt::nmse(ref, oracle) <= 1e-24);
-            REQUIRE(vt::nmse(fast, ref) <= vt::kFastVsReference.attention_nmse);
-            REQUIRE(vt::nmse(scal, ref) <= vt::kFastVsReference.attention_nmse);
-            REQUIRE(vt::max_abs_diff(fast, std::vector<float>(fast.size(), 0.0f)) > 0.0);  // not all zero
-        };
-        check(float{});
-        check(bfloat16{});
-    }
-}
-
-TEST_CASE("blindsight: masked engine with small blocks, chunks and packing slots", "[blindsight][attention]") {
-    // The public call uses the default blocking and a packing slot that holds every KV head here;
-    // small values reach the paths large prompts take: several query blocks and key chunks per
-    // item, gathered chunks of single keys, and K/V heads packed a few at a time in turn.
-    const auto seed = vt::base_seed() + 77;
-    INFO("seed " << seed);
-    const Layout L = Layout::parse(kLayouts[3]);
-    const std::int64_t n = L.n(), d = 16;
-    const MaskContext c = make_mask_context(L, option_sets()[1]);
-    for (const std::int64_t Hkv : {2, 4}) {
-        const std::int64_t H = 8;
-        const auto heads = mixed_heads(H, seed + static_cast<std::uint64_t>(Hkv));
-        const BlockMask bm = make_block_mask(c, heads, 8, 8);
-        const auto in = blindsight_make_qkv<float>(n, H, Hkv, d, seed + 10 + static_cast<std::uint64_t>(Hkv));
-        std::vector<double> ref(static_cast<std::size_t>(n * H * d));
-        reference::masked_attention(in.qv(), in.kv(), in.vv(), c, heads, View3<double>(ref.data(), {n, H, d}));
-        const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-        for (const auto blocking : {simd::detail::Blocking{1, 1}, simd::detail::Blocking{4, 3}, simd::detail::Blocking{7, 16}}) {
-            for (const std::int64_t pack : {std::int64_t{1}, std::int64_t{4096}, simd::detail::kMaskedPackBytes}) {
-                INFO("H_kv " << Hkv << ", q_block " << blocking.q_block << ", k_chunk " << blocking.k_chunk
-                             << ", pack_bytes " << pack);
-                std::vector<float> out(ref.size(), -1.0f);
-                simd::detail::run_masked_attention<simd::detail::native_arch>(
-                    in.qv(), in.kv(), in.vv(), bm, View3<float>(out.data(), {n, H, d}), scale, blocking, pack);
-                REQUIRE(vt::nmse(out, ref) <= vt::kFastVsReference.attention_nmse);
-            }
-        }
-    }
-}
-
-TEST_CASE("blindsight: Dense template equals dense causal attention; head-major strides", "[blindsight][attention]") {
-    const auto seed = vt::base_seed() + 5;
-    INFO("seed " << seed);
-    const Layout L = Layout::parse(kLayouts[1]);
-    const std::int64_t n = L.n(), H = 4, Hkv = 2, d = 12;
-    const auto in = blindsight_make_qkv<float>(n, H, Hkv, d, seed);
-    const MaskContext c = make_mask_context(L);
-    const std::vector<MaskTemplate> heads(H, MaskTemplate::dense);
-    std::vector<double> a(static_cast<std::size_t>(n * H * d)), b(a.size());
-    reference::masked_attention(in.qv(), in.kv(), in.vv(), c, heads, View3<double>(a.data(), {n, H, d}));
-    reference::dense_attention(in.qv(), in.kv(), in.vv(), View3<double>(b.data(), {n, H, d}));
-    REQUIRE(a == b);
-    // Head-major K/V (strides {d, n*d, 1}) give the same output as token-major.
-    std::vector<float> khm(in.k.size()), vhm(in.v.size());
-    for (std::int64_t i = 0; i < n; ++i)
-        for (std::int64_t g = 0; g < Hkv; ++g)
-            for (std::int64_t x = 0; x < d; ++x) {
-                khm[static_cast<std::size_t>((g * n + i) * d + x)] = in.k[static_cast<std::size_t>((i * Hkv + g) * d + x)];
-                vhm[static_cast<std::size_t>((g * n + i) * d + x)] = in.v[static_cast<std::size_t>((i * Hkv + g) * d + x)];
-            }
-    const auto mh = mixed_heads(H, seed);
-    const BlockMask bm = make_block_mask(c, mh, 8, 8);
-    std::vector<float> o1(a.size()), o2(a.size());
-    simd::masked_attention(in.qv(), in.kv(), in.vv(), bm, View3<float>(o1.data(), {n, H, d}));
-    simd::masked_attention(in.qv(), head_major<const float>(khm.data(), n, Hkv, d),
-                           head_major<const float>(vhm.data(), n, Hkv, d), bm, View3<float>(o2.data(), {n, H, d}));
-    REQUIRE(vt::nmse(o1, o2) <= vt::kFastVsReference.attention_nmse);
-}
-
 TEST_CASE("blindsight: Algorithm 1 on a hand-made case and simd vs reference", "[blindsight][characterize]") {
     const auto seed = vt::base_seed() + 11;
     INFO("seed " << seed);
     // One image: Document and Document-Sink equal Dense exactly (no other image to drop).
     {
         const Layout L = Layout::parse("text:3,image:20,text:2");
-        const auto in = blindsight_make_qkv<float>(L.n(), 2, 1, 8, seed);
+        const auto in = vt::mask_make_qkv<float>(L.n(), 2, 1, 8, seed);
         const auto r = reference::characterize_prompt(in.qv(), in.kv(), in.vv(), L);
         for (const auto& h : r) {
             REQUIRE(h.nmse[1] > 0.1);  // Sink drops most of the image: random V -> large error
@@ -374,8 +212,8 @@ TEST_CASE("blindsight: Algorithm 1 on a hand-made case and simd vs reference", "
     for (double alpha : {0.1, 0.5}) {
         BlindSightParams P;
         P.alpha = alpha;
-        const Layout L = Layout::parse(kLayouts[3]);
-        const auto in = blindsight_make_qkv<bfloat16>(L.n(), 8, 2, 16, seed + 1);
+        const Layout L = Layout::parse(vt::kMaskLayouts[3]);
+        const auto in = vt::mask_make_qkv<bfloat16>(L.n(), 8, 2, 16, seed + 1);
         const auto r = reference::characterize_prompt(in.qv(), in.kv(), in.vv(), L, P);
         const auto s = simd::characterize_prompt(in.qv(), in.kv(), in.vv(), L, P, 8, 16);
         REQUIRE(r.size() == 8);
@@ -523,7 +361,7 @@ TEST_CASE("blindsight: head map JSON round trip and strict reading", "[blindsigh
 TEST_CASE("blindsight: bad input is a clear error", "[blindsight][errors]") {
     const Layout L = Layout::parse("text:2,image:6,text:1,image:5,text:2");
     const std::int64_t n = L.n(), H = 4, Hkv = 2, d = 8;
-    const auto in = blindsight_make_qkv<float>(n, H, Hkv, d, 3);
+    const auto in = vt::mask_make_qkv<float>(n, H, Hkv, d, 3);
     for (double f : {0.0, -0.1, 1.5, std::numeric_limits<double>::quiet_NaN()}) {
         MaskOptions o;
         o.sink_fraction = f;

@@ -21,6 +21,7 @@
 #include <vlsparse/reference/purekv_golden.hpp>
 
 #include "golden_util.hpp"
+#include "mask_util.hpp"
 #include "test_util.hpp"
 
 using namespace vlsparse;
@@ -194,30 +195,9 @@ void check_scores_match(const PureKVScores& s, const PureKVScores& r) {
 // Attention of every row over an explicit [n, n] boolean mask (same for every head), in double.
 template <class T>
 std::vector<double> purekv_attention_over_mask(const Qkv<T>& in, const std::vector<std::uint8_t>& mask) {
-    const std::int64_t n = in.n, H = in.H, d = in.d, group = in.H / in.Hkv;
-    const double scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
-    std::vector<double> out(static_cast<std::size_t>(n * H * d), 0.0);
-    for (std::int64_t h = 0; h < H; ++h)
-        for (std::int64_t i = 0; i < n; ++i) {
-            std::vector<double> s(static_cast<std::size_t>(n), -INFINITY);
-            double mx = -INFINITY;
-            for (std::int64_t j = 0; j < n; ++j) {
-                if (!mask[static_cast<std::size_t>(i * n + j)]) continue;
-                double acc = 0.0;
-                for (std::int64_t c = 0; c < d; ++c)
-                    acc += static_cast<double>(detail::load(in.qv()(i, h, c))) *
-                           static_cast<double>(detail::load(in.kv()(j, h / group, c)));
-                s[static_cast<std::size_t>(j)] = acc * scale;
-                mx = std::max(mx, acc * scale);
-            }
-            double sum = 0.0;
-            for (auto& x : s) sum += (x = std::exp(x - mx));
-            for (std::int64_t j = 0; j < n; ++j)
-                for (std::int64_t c = 0; c < d; ++c)
-                    out[static_cast<std::size_t>((i * H + h) * d + c)] +=
-                        s[static_cast<std::size_t>(j)] / sum * static_cast<double>(detail::load(in.vv()(j, h / group, c)));
-        }
-    return out;
+    std::vector<std::uint8_t> per_head;
+    for (std::int64_t h = 0; h < in.H; ++h) per_head.insert(per_head.end(), mask.begin(), mask.end());
+    return vt::attention_over_mask(in, per_head);
 }
 
 std::filesystem::path purekv_golden_root() {

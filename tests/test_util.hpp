@@ -1,10 +1,13 @@
 // Shared test helpers: seeded random tensors, metrics, and the one tolerance table.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <vlsparse/vlsparse.hpp>
@@ -31,6 +34,20 @@ std::vector<T> random_buffer(std::size_t count, std::uint64_t seed, float sigma 
         x = vlsparse::from_float<T>(static_cast<float>(s * sigma * 1.7320508075688772));
     }
     return out;
+}
+
+// A sorted random subset of [0, n) of size m (m <= n), drawn with the library's rng.
+inline std::vector<std::int64_t> random_subset(std::int64_t n, std::int64_t m, std::uint64_t seed) {
+    vlsparse::SplitMix64 rng(seed);
+    std::vector<std::int64_t> all(static_cast<std::size_t>(n));
+    std::iota(all.begin(), all.end(), std::int64_t{0});
+    for (std::int64_t i = 0; i < m; ++i) {
+        const auto j = i + static_cast<std::int64_t>(rng.uniform() * static_cast<double>(n - i));
+        std::swap(all[static_cast<std::size_t>(i)], all[static_cast<std::size_t>(std::min(j, n - 1))]);
+    }
+    all.resize(static_cast<std::size_t>(m));
+    std::sort(all.begin(), all.end());
+    return all;
 }
 
 // Normalized mean squared error ||a - b||^2 / ||b||^2 (b the reference); 0 when both are zero.
