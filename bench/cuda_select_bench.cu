@@ -27,6 +27,7 @@
 #include <vlsparse/cuda/avl.cuh>
 #include <vlsparse/cuda/decode.cuh>
 #include <vlsparse/cuda/baselines.cuh>
+#include <vlsparse/cuda/h2o_decode.cuh>
 #include <vlsparse/cuda/purekv.cuh>
 #include <vlsparse/cuda/zipvl.cuh>
 
@@ -189,6 +190,22 @@ int main(int argc, char** argv) {
             const View3<bfloat16> o1v(o1.data(), {1, H, d});
             const double dec = rt.median_us([&] { cuda::batched_decode_attention(plan, q1v, cv, BatchRowLists{}, o1v, dop); }, warmup, reps);
             row("dense_decode_step", dec, 1.0, "one dense decode step of the layer, B = 1 (batched_decode_attention)");
+            // H2O's decode-time update (cuda::H2ODecode::observe: a_j += the step's attention, one eviction
+            // per KV head, the next token appended; no synchronization) on heavy 10% + recent 10% lists.
+            {
+                H2OParams HP;
+                HP.heavy = TokenBudget::ratio(0.1);
+                HP.recent = TokenBudget::ratio(0.1);
+                cuda::H2ODecode h2o;
+                const std::int64_t steps = warmup + reps + 4;
+                h2o.reset(scorer.h2o_device_select(qv, kv, HP), HP, H, steps);
+                std::vector<float> hp(static_cast<std::size_t>(h2o.rows().indptr.back()));
+                for (auto& x : hp) x = static_cast<float>(rng.uniform() / static_cast<double>(hp.size()));
+                cuda::DeviceArray<float> hpd(hp);
+                const double upd = rt.median_us([&] { h2o.observe(hpd.data()); }, warmup, reps);
+                row("h2o_decode_update", upd, static_cast<double>(h2o.rows().indptr.back()) / static_cast<double>(Hkv * n),
+                    "H2O's update after a decode step (scores + eviction + append, no sync), heavy 10% recent 10% per KV head");
+            }
         }
         {
             StreamingLLMParams P;

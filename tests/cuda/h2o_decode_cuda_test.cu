@@ -1,0 +1,208 @@
+// H2O's decode-time work on the GPU (vlsparse/cuda/h2o_decode.cuh): a sequence's prefill selection on
+// the device (BaselineScorer::h2o_device_select), then decode steps through batched_decode_attention
+// over H2ODecode::rows() with the kernel's probabilities, each folded in by observe(). A host replica
+// runs the CPU path's rule on the same numbers: the prefill's kept lists and fp32 scores, every step's
+// probabilities as the kernel wrote them, a_j += p x (heads per list) as one fp32 fused multiply-add
+// (the device's operation, so the replica's scores equal the device's bit for bit), and h2o_keep (the
+// library's eviction: the last `recent` positions plus the `heavy` best older ones, equal scores broken
+// by the lower position). Every step's device lists must equal the replica's exactly, and the scores at
+// the end. Cases: grouping kv_head (H_kv lists) and layer (one list), with and without eviction, a
+// prompt shorter than heavy + recent (no eviction until the cache fills), ties (q = 0: every key of a
+// step equally likely), and every error.
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include <vlsparse/core/rng.hpp>
+#include <vlsparse/cuda/baselines.cuh>
+#include <vlsparse/cuda/decode.cuh>
+#include <vlsparse/cuda/h2o_decode.cuh>
+
+#include "../seed.hpp"
+
+using namespace vlsparse;
+using Catch::Matchers::Contains;
+
+namespace {
+
+struct H2OCase {
+    std::int64_t n = 300, H = 8, Hkv = 2, d = 64, steps = 12;
+    double heavy = 0.1, recent = 0.1;
+    BaselineGroups groups = BaselineGroups::kv_head;
+    bool evict = true, zero_q = false;
+    std::uint64_t seed = 1;
+};
+
+template <class T>
+std::vector<T> download(const T* p, std::size_t count) {
+    std::vector<T> h(count);
+    if (count) REQUIRE(cudaMemcpy(h.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
+    return h;
+}
+
+void run_case(const H2OCase& c) {
+    const std::int64_t n = c.n, H = c.H, Hkv = c.Hkv, d = c.d, S = c.steps, cap = n + S;
+    INFO("n " << n << ", H " << H << "/" << Hkv << ", " << (c.groups == BaselineGroups::kv_head ? "kv_head" : "layer")
+              << ", heavy " << c.heavy << ", recent " << c.recent << (c.evict ? "" : ", no eviction")
+              << (c.zero_q ? ", q = 0" : ""));
+    SplitMix64 rng(vt::seed_or(20261126u) * 7919u + c.seed);
+    auto values = [&](std::int64_t count, double spread, bool zero) {
+        std::vector<bfloat16> x(static_cast<std::size_t>(count));
+        for (auto& e : x) e = bfloat16(zero ? 0.0f : static_cast<float>(spread * (2.0 * rng.uniform() - 1.0)));
+        return x;
+    };
+    // The prompt's q, the whole cache's K / V (the prompt's n rows, then one row per decode token), the
+    // decode tokens' q.
+    const auto q = values(n * H * d, 2.0, c.zero_q), k = values(cap * Hkv * d, 1.0, false), v = values(cap * Hkv * d, 1.0, false);
+    const auto dq = values(S * H * d, 2.0, c.zero_q);
+    cuda::DeviceArray<bfloat16> qd(q), kd(k), vd(v), dqd(dq), od(static_cast<std::size_t>(H * d));
+    H2OParams P;
+    P.heavy = TokenBudget::ratio(c.heavy);
+    P.recent = TokenBudget::ratio(c.recent);
+    P.groups = c.groups;
+    P.evict_during_decode = c.evict;
+    cuda::BaselineScorer scorer;
+    const auto& kept = scorer.h2o_device_select(View3<const bfloat16>(qd.data(), {n, H, d}), View3<const bfloat16>(kd.data(), {n, Hkv, d}), P);
+    const std::int64_t G = kept.lists();
+    // The replica's start: the prefill's lists and fp32 scores.
+    const TokenSelection sel = kept.to_host();
+    std::vector<std::vector<float>> a(static_cast<std::size_t>(G), std::vector<float>(static_cast<std::size_t>(cap + 1), 0.0f));
+    {
+        const auto s = download(kept.scores, static_cast<std::size_t>(G * n));
+        for (std::int64_t g = 0; g < G; ++g)
+            std::copy_n(s.begin() + g * n, n, a[static_cast<std::size_t>(g)].begin());
+    }
+    std::vector<std::vector<std::int64_t>> lists = sel.indices;
+    cuda::H2ODecode h2o;
+    h2o.reset(kept, P, H, S);
+    const std::int64_t heavy = P.heavy.resolve(n), recent = std::min(P.recent.resolve(n), n);
+    const float heads = static_cast<float>(H / G);
+    std::vector<std::int32_t> lens{0};
+    cuda::DeviceArray<std::int32_t> lens_d(lens);
+    int evictions = 0;
+    for (std::int64_t t = 0; t < S; ++t) {
+        INFO("step " << t);
+        for (auto& l : lists) l.push_back(n + t);
+        // The device's lists of this step equal the replica's.
+        const cuda::DeviceSelection& rows = h2o.rows();
+        REQUIRE(rows.lists() == G);
+        REQUIRE(rows.n == n + t + 1);
+        const TokenSelection got = rows.to_host();
+        for (std::int64_t g = 0; g < G; ++g) REQUIRE(got.indices[static_cast<std::size_t>(g)] == lists[static_cast<std::size_t>(g)]);
+        // Decode over them with probabilities.
+        lens[0] = static_cast<std::int32_t>(n + t + 1);
+        lens_d.upload(lens);
+        const KvBatchView<const bfloat16> cache =
+            contiguous_kv_batch<const bfloat16>(kd.data(), vd.data(), 1, cap, static_cast<std::int32_t>(Hkv), static_cast<std::int32_t>(d), lens_d.data());
+        cuda::DecodePlan plan;
+        plan.plan({lens, {}, rows.indptr, static_cast<std::int32_t>(G)}, H, Hkv, d, true, nullptr, DType::bf16);
+        cuda::DeviceArray<float> probs(static_cast<std::size_t>(plan.n_entries()));
+        cuda::batched_decode_attention(plan, View3<const bfloat16>(dqd.data() + t * H * d, {1, H, d}), cache, rows.rows(),
+                                       View3<bfloat16>(od.data(), {1, H, d}), cuda::DecodeOptions{}, nullptr, probs.data());
+        const auto p = probs.download();
+        h2o.observe(probs.data(), nullptr, t % 5 == 4);
+        // The replica: a_j += p x heads, then h2o_keep.
+        for (std::int64_t g = 0; g < G; ++g) {
+            const auto& l = lists[static_cast<std::size_t>(g)];
+            auto& ag = a[static_cast<std::size_t>(g)];
+            const std::size_t off = static_cast<std::size_t>(g) * l.size();
+            for (std::size_t i = 0; i < l.size(); ++i)
+                ag[static_cast<std::size_t>(l[i])] = std::fma(p[off + i], heads, ag[static_cast<std::size_t>(l[i])]);
+        }
+        if (c.evict)
+            for (std::int64_t g = 0; g < G; ++g) {
+                auto& l = lists[static_cast<std::size_t>(g)];
+                const auto& ag = a[static_cast<std::size_t>(g)];
+                const auto before = l.size();
+                l = h2o_keep(std::span<const std::int64_t>(l), heavy, recent, [&](std::int64_t pos) { return ag[static_cast<std::size_t>(pos)]; });
+                evictions += static_cast<int>(before - l.size());
+            }
+    }
+    // The lists after the last step (with the next token appended) and the scores.
+    for (auto& l : lists) l.push_back(n + S);
+    const TokenSelection last = h2o.rows().to_host();
+    for (std::int64_t g = 0; g < G; ++g) CHECK(last.indices[static_cast<std::size_t>(g)] == lists[static_cast<std::size_t>(g)]);
+    const auto s = download(h2o.scores(), static_cast<std::size_t>(G * h2o.score_stride()));
+    for (std::int64_t g = 0; g < G; ++g)
+        for (std::int64_t j = 0; j <= n + S - 1; ++j) {
+            INFO("group " << g << " position " << j);
+            REQUIRE(s[static_cast<std::size_t>(g * h2o.score_stride() + j)] == a[static_cast<std::size_t>(g)][static_cast<std::size_t>(j)]);
+        }
+    if (c.evict && n > heavy + recent) CHECK(evictions == static_cast<int>(G * S));
+    if (!c.evict) CHECK(evictions == 0);
+}
+
+}  // namespace
+
+TEST_CASE("cuda h2o decode: each step's lists and the scores equal the CPU rule on the kernel's probabilities", "[cuda][h2o]") {
+    std::uint64_t seed = 0;
+    for (BaselineGroups groups : {BaselineGroups::kv_head, BaselineGroups::layer})
+        for (bool evict : {true, false}) {
+            H2OCase c;
+            c.groups = groups;
+            c.evict = evict;
+            c.seed = ++seed;
+            run_case(c);
+        }
+    {
+        H2OCase c;  // MQA, 28 heads, d 128, a longer cache
+        c.n = 1500;
+        c.H = 28;
+        c.Hkv = 4;
+        c.d = 128;
+        c.steps = 20;
+        c.heavy = 0.05;
+        c.recent = 0.02;
+        c.seed = ++seed;
+        run_case(c);
+    }
+    {
+        H2OCase c;  // heavy + recent > n: the cache grows until it is over, then evicts
+        c.n = 40;
+        c.heavy = 0.5;
+        c.recent = 0.6;
+        c.steps = 16;
+        c.seed = ++seed;
+        run_case(c);
+    }
+    {
+        H2OCase c;  // q = 0: every step's probabilities equal, ties at every cut
+        c.zero_q = true;
+        c.n = 200;
+        c.seed = ++seed;
+        run_case(c);
+    }
+}
+
+TEST_CASE("cuda h2o decode: errors", "[cuda][h2o]") {
+    cuda::H2ODecode h2o;
+    float* null = nullptr;
+    REQUIRE_THROWS_WITH(h2o.observe(null), Contains("reset() was not called"));
+    const std::int64_t n = 64, H = 4, Hkv = 2, d = 64;
+    std::vector<bfloat16> x(static_cast<std::size_t>(n * H * d), bfloat16(0.25f));
+    cuda::DeviceArray<bfloat16> qd(x), kd(x);
+    const View3<const bfloat16> qv(qd.data(), {n, H, d}), kv(kd.data(), {n, Hkv, d});
+    cuda::BaselineScorer scorer;
+    H2OParams P;
+    // A selection without scores (StreamingLLM's) is not H2O's.
+    StreamingLLMParams S;
+    REQUIRE_THROWS_WITH(h2o.reset(scorer.streamingllm_device_select(n, S), P, H, 4), Contains("carries no scores"));
+    const auto& kept = scorer.h2o_device_select(qv, kv, P);
+    REQUIRE_THROWS_WITH(h2o.reset(kept, P, 3, 4), Contains("expected a multiple"));
+    REQUIRE_THROWS_WITH(h2o.reset(kept, P, H, -1), Contains("max_steps"));
+    h2o.reset(kept, P, H, 1);
+    REQUIRE_THROWS_WITH(h2o.observe(null), Contains("probs is null"));
+    cuda::DeviceArray<float> probs(static_cast<std::size_t>(h2o.rows().indptr.back()));
+    probs.fill_bytes(0);
+    REQUIRE_NOTHROW(h2o.observe(probs.data(), nullptr, true));
+    REQUIRE_THROWS_WITH(h2o.observe(probs.data()), Contains("past the max_steps"));
+    // A non-finite probability is reported by a checked observe.
+    h2o.reset(kept, P, H, 2);
+    probs.fill_bytes(0xff);  // NaN
+    REQUIRE_THROWS_WITH(h2o.observe(probs.data(), nullptr, true), Contains("not finite"));
+}
