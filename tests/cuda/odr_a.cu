@@ -3,7 +3,9 @@
 // Built with the CUDA targets (CI links it); it runs nothing on a GPU.
 #include <vlsparse/cuda/avl.cuh>
 #include <vlsparse/cuda/baselines.cuh>
+#include <vlsparse/cuda/blindsight.cuh>
 #include <vlsparse/cuda/decode.cuh>
+#include <vlsparse/cuda/h2o_decode.cuh>
 #include <vlsparse/cuda/indexed_decode.cuh>
 #include <vlsparse/cuda/kv_cache.cuh>
 #include <vlsparse/cuda/prefill.cuh>
