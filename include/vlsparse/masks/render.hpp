@@ -13,7 +13,6 @@
 
 #include "vlsparse/core/error.hpp"
 #include "vlsparse/masks/templates.hpp"
-#include "vlsparse/policies/blindsight_params.hpp"
 
 namespace vlsparse {
 
@@ -61,8 +60,11 @@ inline std::string mask_svg(const MaskContext& c, MaskTemplate t, int cell = 2) 
     return s;
 }
 
-// SVG of a head map: rows = layers, columns = heads, `cell` pixels per head.
-inline std::string head_map_svg(const HeadMap& m, int cell = 12) {
+// SVG of a head map: rows = layers, columns = heads, `cell` pixels per head. Map: BlindSight's HeadMap
+// (<vlsparse/policies/blindsight_params.hpp>) or any type with its `layers`, `heads` and layer-major
+// `map` of MaskTemplate -- a template, so that this layer of masks needs nothing of the policies above it.
+template <class Map>
+std::string head_map_svg(const Map& m, int cell = 12) {
     detail::require(cell >= 1, "head_map_svg", "cell = ", cell, ", expected >= 1");
     detail::require(m.layers > 0 && m.heads > 0 && static_cast<std::int64_t>(m.map.size()) == m.layers * m.heads,
                     "head_map_svg", "map has ", m.map.size(), " entries for ", m.layers, " layers x ", m.heads,
