@@ -82,7 +82,7 @@ def main(argv=None):
             lines2.append(f"| {label} | " + " | ".join(cells) + " |")
         lines += lines2
     # Decode-time work beside one dense decode step of the layer (target of "CUDA II": <= 10%).
-    dec = ["avl_decode_rows", "avl_decode_refresh", "avl_decode_refresh_nosync"]
+    dec = ["avl_decode_rows", "avl_decode_refresh", "avl_decode_refresh_nosync", "h2o_decode_update"]
     if any(("dense_decode_step", n) in t for n in ns):
         lines3 = ["", "| decode-time work | " + " | ".join(f"{n // 1024}K" for n in ns) + " |",
                   "| --- |" + " --- |" * len(ns),
