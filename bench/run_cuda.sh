@@ -27,7 +27,8 @@
 #   preftorch bench/torch_prefill_bench.py (SDPA cuDNN / flash, FlexAttention with the same masks,
 #            gather + SDPA), appended                                   -> OUTDIR/prefill.csv
 #   prefreport bench/cuda_prefill_report.py                             -> OUTDIR/prefill_report.md
-#   sim      the simulator's cuda backend: the default scenario on both backends (JSON reports), then
+#   sim      the simulator's cuda backend: the default scenario on both backends (JSON reports), every
+#            golden case through the CUDA path (golden verify --backend cuda), then
 #            SIM_SCENARIO (default sim/scenarios/gpu_28x28_32k.json: 28 layers x 28 heads, 32K tokens,
 #            every policy, 64 decode steps) on the GPU, timed           -> OUTDIR/sim.log, sim-*.json
 # (the output of bench, torch and report -> OUTDIR/bench.log), then a short summary on stdout, also
@@ -233,6 +234,8 @@ if want sim; then
       local sim="$bdir/sim/vlsparse-sim" rc=0
       "$sim" run --backend cpu --no-sweep --no-html --quiet --json "$out/sim-default-cpu.json" || rc=$?
       "$sim" run --backend cuda --no-sweep --no-html --quiet --json "$out/sim-default-cuda.json" || rc=$?
+      # Every golden case through the CUDA path (its report in sim.log; exit 1 on any difference).
+      "$sim" golden verify --backend cuda golden || rc=$?
       local t0 t1
       t0=$(date +%s%N)
       "$sim" run "${SIM_SCENARIO:-sim/scenarios/gpu_28x28_32k.json}" --no-sweep --no-html --quiet \
