@@ -6,15 +6,15 @@
 //   decode step t: t % K == 0 -> every kept row + re-rank core; otherwise core image rows + non-image rows
 //
 // Same signatures and semantics as vlsparse/reference/avl.hpp; the selection, the prefill filter,
-// H2O's text choice and PPCI are the shared code of avl_params.hpp, the DecodeSchedule of avl_schedule.hpp.
+// H2O's text choice and PPCI are the shared code of avl_select.hpp, the DecodeSchedule of avl_schedule.hpp.
 // Scores by simd::probe_attention (fp32 accumulation), head means in double.
 // Include: <vlsparse/vlsparse.hpp> (or this header alone).
 #pragma once
 
 #include "vlsparse/attention/indexed_decode.hpp"
 #include "vlsparse/attention/probe.hpp"
-#include "vlsparse/policies/avl_params.hpp"
 #include "vlsparse/policies/avl_schedule.hpp"
+#include "vlsparse/policies/avl_select.hpp"
 
 namespace vlsparse::simd {
 

@@ -19,7 +19,7 @@
 #include "vlsparse/core/error.hpp"
 #include "vlsparse/core/selection.hpp"
 #include "vlsparse/core/topk.hpp"
-#include "vlsparse/policies/avl_params.hpp"
+#include "vlsparse/policies/avl_select.hpp"
 
 namespace vlsparse {
 

@@ -25,7 +25,7 @@
 #include "vlsparse/core/model_shape.hpp"
 #include "vlsparse/core/selection.hpp"
 #include "vlsparse/core/tensor.hpp"
-#include "vlsparse/policies/avl_params.hpp"
+#include "vlsparse/policies/avl_select.hpp"
 #include "vlsparse/policies/baselines_params.hpp"
 #include "vlsparse/policies/zipvl_params.hpp"
 

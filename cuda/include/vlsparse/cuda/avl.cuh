@@ -50,7 +50,7 @@
 #include "vlsparse/cuda/common.cuh"
 #include "vlsparse/cuda/selection/lists.cuh"
 #include "vlsparse/cuda/selection/probe_columns.cuh"
-#include "vlsparse/policies/avl_params.hpp"
+#include "vlsparse/policies/avl_select.hpp"
 
 namespace vlsparse::cuda {
 

@@ -7,7 +7,7 @@
 // Plain loops, double accumulation. Include: <vlsparse/reference/avl.hpp>
 #pragma once
 
-#include "vlsparse/policies/avl_params.hpp"
+#include "vlsparse/policies/avl_select.hpp"
 #include "vlsparse/policies/avl_schedule.hpp"
 #include "vlsparse/reference/attention.hpp"
 #include "vlsparse/reference/indexed_decode.hpp"

@@ -21,7 +21,7 @@
 #include "vlsparse/io/avl_json.hpp"
 #include "vlsparse/io/golden.hpp"
 #include "vlsparse/kv/kv_cache.hpp"
-#include "vlsparse/policies/avl_params.hpp"
+#include "vlsparse/policies/avl_select.hpp"
 #include "vlsparse/policies/avl_schedule.hpp"
 #include "vlsparse/reference/zipvl_golden.hpp"
 
