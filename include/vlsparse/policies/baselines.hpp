@@ -1,8 +1,8 @@
 // vlsparse/policies/baselines.hpp -- the baselines on the CPU fast path (namespace vlsparse::simd):
 // H2O, SnapKV and FastV scores by the SIMD attention kernels (simd::probe_attention, fp32
-// accumulation, per-head sums widened to double), then the shared selection of baselines_params.hpp.
+// accumulation, per-head sums widened to double), then the shared selection of baselines_select.hpp.
 // StreamingLLM, random and fixed-ratio selection have no arithmetic: streamingllm_select,
-// random_select and fixed_ratio_select in baselines_params.hpp serve both paths.
+// random_select and fixed_ratio_select in baselines_select.hpp serve both paths.
 //
 //   H2O     a_j = sum_{i >= j} sum_{h in group} A[h,i,j]                 -> h2o_select
 //   SnapKV  s_j = sum_{i >= n-w} sum_{h in group} A[h,i,j], j < n-w;  pool_k(s) -> snapkv_select
@@ -21,7 +21,7 @@
 
 #include "vlsparse/attention/probe.hpp"
 #include "vlsparse/policies/avl.hpp"
-#include "vlsparse/policies/baselines_params.hpp"
+#include "vlsparse/policies/baselines_select.hpp"
 
 namespace vlsparse::simd {
 

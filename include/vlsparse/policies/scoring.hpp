@@ -26,7 +26,7 @@
 #include "vlsparse/core/selection.hpp"
 #include "vlsparse/core/tensor.hpp"
 #include "vlsparse/policies/avl_select.hpp"
-#include "vlsparse/policies/baselines_params.hpp"
+#include "vlsparse/policies/baselines_select.hpp"
 #include "vlsparse/policies/zipvl_params.hpp"
 
 namespace vlsparse {

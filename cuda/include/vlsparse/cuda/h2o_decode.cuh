@@ -36,7 +36,7 @@
 
 #include "vlsparse/cuda/common.cuh"
 #include "vlsparse/cuda/selection/lists.cuh"
-#include "vlsparse/policies/baselines_params.hpp"
+#include "vlsparse/policies/baselines_select.hpp"
 
 namespace vlsparse::cuda {
 

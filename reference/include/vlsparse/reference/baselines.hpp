@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "vlsparse/policies/baselines_params.hpp"
+#include "vlsparse/policies/baselines_select.hpp"
 #include "vlsparse/reference/attention.hpp"
 #include "vlsparse/reference/indexed_decode.hpp"
 

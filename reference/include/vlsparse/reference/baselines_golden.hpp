@@ -24,7 +24,7 @@
 #include "vlsparse/io/baselines_json.hpp"
 #include "vlsparse/io/golden.hpp"
 #include "vlsparse/kv/kv_cache.hpp"
-#include "vlsparse/policies/baselines_params.hpp"
+#include "vlsparse/policies/baselines_select.hpp"
 #include "vlsparse/reference/zipvl_golden.hpp"
 
 namespace vlsparse {
