@@ -27,7 +27,7 @@
 #include "vlsparse/core/tensor.hpp"
 #include "vlsparse/policies/avl_select.hpp"
 #include "vlsparse/policies/baselines_select.hpp"
-#include "vlsparse/policies/zipvl_params.hpp"
+#include "vlsparse/policies/zipvl_select.hpp"
 
 namespace vlsparse {
 

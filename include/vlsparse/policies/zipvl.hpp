@@ -24,7 +24,7 @@
 #include "vlsparse/core/layout.hpp"
 #include "vlsparse/core/topk.hpp"
 #include "vlsparse/kv/kv_cache.hpp"
-#include "vlsparse/policies/zipvl_params.hpp"
+#include "vlsparse/policies/zipvl_select.hpp"
 
 namespace vlsparse {
 

@@ -1,5 +1,6 @@
-// vlsparse/policies/zipvl_params.hpp -- ZipVL parameters and the backend-independent steps
-// (probe choice, argument checks, result type), shared by the reference, SIMD and CUDA paths.
+// vlsparse/policies/zipvl_params.hpp -- ZipVL's parameters, enums, result type and argument checks,
+// shared by the reference, SIMD and CUDA paths. The probe choice, the kept count and eviction:
+// policies/zipvl_select.hpp.
 //
 // ZipVL (He et al., arXiv:2410.08584, Sections 4.1-4.2 and Supplementary A; docs/zipvl.md):
 //   probes P (recent + random), A'[h,p,j] = softmax_{j <= p}(scale q_p . k_j)
@@ -170,62 +171,5 @@ inline void check_zipvl_modes(const ZipVLParams& P, const char* fn) {
 }
 
 }  // namespace detail
-
-// The kept count of the fixed-ratio mode: ceil(ratio * n), at least 1 and at most n, computed as
-// ceil(x - 1e-9 max(1, x)) so that a product that is mathematically an integer stays that integer.
-inline std::int64_t zipvl_fixed_count(std::int64_t n, double ratio) {
-    const double x = ratio * static_cast<double>(n);
-    const auto c = static_cast<std::int64_t>(std::ceil(x - 1e-9 * std::max(1.0, x)));
-    return std::clamp<std::int64_t>(c, 1, std::max<std::int64_t>(n, 1));
-}
-
-// The group's kept count p: Eq. 7's adaptive count (given), or the fixed-ratio count.
-inline std::int64_t zipvl_kept_count(std::int64_t adaptive_p, std::int64_t n, const ZipVLParams& P) {
-    return P.ratio == ZipVLRatio::fixed ? zipvl_fixed_count(n, P.fixed_ratio) : adaptive_p;
-}
-
-// The prefill of a selective layer is token-sparse (false: dense, eviction-only).
-inline bool zipvl_sparse_prefill(const ZipVLSelection& s, const ZipVLParams& P) {
-    return !s.dense && P.prefill == ZipVLPrefill::sparse;
-}
-
-// The probe positions of ZipVL for a sequence of n tokens in layer `layer` (docs/zipvl.md):
-// the last max(recent, 1) positions plus `random` positions drawn without replacement from [0, n - recent)
-// with SplitMix64(seed + layer); every position when n <= recent + random. Ascending. In ratio mode
-// recent = ceil(probe_recent_ratio * n) and random = ceil(probe_random_ratio * n), each computed as
-// ceil(x - 1e-9 max(1, x)) so that a product that is mathematically an integer stays that integer.
-inline std::vector<std::int64_t> zipvl_probes(std::int64_t n, std::int64_t layer, const ZipVLParams& P) {
-    constexpr const char* fn = "zipvl_probes";
-    detail::check_zipvl_params(P, fn);
-    detail::require(n > 0, fn, "n = ", n, ", expected n > 0 (empty input)");
-    detail::require(layer >= 0, fn, "layer = ", layer, ", expected >= 0");
-    std::int64_t recent = P.probe_recent, random = P.probe_random;
-    if (P.probe_mode == ZipVLProbes::ratios) {
-        // ceil(ratio * n), computed so that exact products (0.07 * 100 = 7.000000000000001 in double) are not
-        // pushed up by rounding: the same guard as BlindSight's sink count (masks/templates.hpp).
-        auto count = [n](double ratio) {
-            const double x = ratio * static_cast<double>(n);
-            return static_cast<std::int64_t>(std::ceil(x - 1e-9 * std::max(1.0, x)));
-        };
-        recent = count(P.probe_recent_ratio);
-        random = count(P.probe_random_ratio);
-    }
-    std::vector<std::int64_t> out;
-    if (n <= recent + random) {
-        out.resize(static_cast<std::size_t>(n));
-        for (std::int64_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = i;
-        return out;
-    }
-    recent = std::max<std::int64_t>(recent, 1);  // n-1 is always a probe, so recent is at least 1
-    out = sample_without_replacement(n - recent, random, P.seed + static_cast<std::uint64_t>(layer));
-    for (std::int64_t i = n - recent; i < n; ++i) out.push_back(i);
-    return out;
-}
-
-// Eviction: the layer's cache keeps the selected positions (nothing is evicted in a dense layer).
-template <ElementType TC>
-void zipvl_evict(KvCache<TC>& cache, const ZipVLSelection& s) {
-    if (!s.dense) cache.keep(s.selection);
-}
 
 }  // namespace vlsparse

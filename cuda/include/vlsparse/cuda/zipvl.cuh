@@ -47,7 +47,7 @@
 #include "vlsparse/cuda/selection/probe_scores.cuh"
 #include "vlsparse/cuda/selection/select.cuh"
 #include "vlsparse/kv/kv_batch.hpp"
-#include "vlsparse/policies/zipvl_params.hpp"
+#include "vlsparse/policies/zipvl_select.hpp"
 
 namespace vlsparse::cuda {
 

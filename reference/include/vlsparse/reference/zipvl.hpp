@@ -20,7 +20,7 @@
 
 #include "vlsparse/core/layout.hpp"
 #include "vlsparse/kv/kv_cache.hpp"
-#include "vlsparse/policies/zipvl_params.hpp"
+#include "vlsparse/policies/zipvl_select.hpp"
 #include "vlsparse/reference/attention.hpp"
 
 namespace vlsparse::reference {

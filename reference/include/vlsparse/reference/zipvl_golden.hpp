@@ -21,7 +21,7 @@
 #include "vlsparse/io/golden.hpp"
 #include "vlsparse/io/zipvl_json.hpp"
 #include "vlsparse/kv/kv_cache.hpp"
-#include "vlsparse/policies/zipvl_params.hpp"
+#include "vlsparse/policies/zipvl_select.hpp"
 #include "vlsparse/reference/zipvl.hpp"
 
 namespace vlsparse::golden {
