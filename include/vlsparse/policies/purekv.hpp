@@ -23,7 +23,7 @@
 #include "vlsparse/attention/probe.hpp"
 #include "vlsparse/core/topk.hpp"
 #include "vlsparse/policies/purekv_estimator.hpp"
-#include "vlsparse/policies/purekv_params.hpp"
+#include "vlsparse/policies/purekv_select.hpp"
 
 namespace vlsparse::simd {
 

@@ -28,7 +28,7 @@
 #include "vlsparse/core/tensor.hpp"
 #include "vlsparse/masks/block_mask.hpp"
 #include "vlsparse/masks/templates.hpp"
-#include "vlsparse/policies/purekv_params.hpp"
+#include "vlsparse/policies/purekv_select.hpp"
 
 namespace vlsparse {
 

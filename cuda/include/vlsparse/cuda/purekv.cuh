@@ -41,7 +41,7 @@
 #include "vlsparse/cuda/prefill.cuh"
 #include "vlsparse/cuda/selection/lists.cuh"
 #include "vlsparse/cuda/selection/probe_columns.cuh"
-#include "vlsparse/policies/purekv_params.hpp"
+#include "vlsparse/policies/purekv_select.hpp"
 
 namespace vlsparse::cuda {
 

@@ -20,7 +20,7 @@
 
 #include "vlsparse/masks/templates.hpp"
 #include "vlsparse/policies/purekv_estimator.hpp"
-#include "vlsparse/policies/purekv_params.hpp"
+#include "vlsparse/policies/purekv_select.hpp"
 #include "vlsparse/reference/attention.hpp"
 #include "vlsparse/reference/blindsight.hpp"
 

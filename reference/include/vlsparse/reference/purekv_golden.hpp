@@ -30,7 +30,7 @@
 #include "vlsparse/io/purekv_json.hpp"
 #include "vlsparse/masks/flops.hpp"
 #include "vlsparse/masks/templates.hpp"
-#include "vlsparse/policies/purekv_params.hpp"
+#include "vlsparse/policies/purekv_select.hpp"
 #include "vlsparse/reference/zipvl_golden.hpp"
 
 namespace vlsparse::golden {
