@@ -10,7 +10,8 @@
 // paper's first-wins rule. A head with ||O_dense|| = 0 has NMSE 0 when O_t is also zero.
 // The exact twin is vlsparse::reference::characterize_prompt (<vlsparse/reference/blindsight.hpp>);
 // the head map's JSON form is in <vlsparse/io/blindsight_json.hpp>. The parameters, Algorithm 2 and the
-// head map (no attention, no Eigen) are in <vlsparse/policies/blindsight_params.hpp>, included here.
+// head map (no attention, no Eigen) are in <vlsparse/policies/blindsight_params.hpp> and
+// <vlsparse/policies/blindsight_select.hpp>, included here.
 // Include: <vlsparse/policies/blindsight.hpp>
 #pragma once
 
@@ -24,7 +25,7 @@
 #include "vlsparse/attention/masked.hpp"
 #include "vlsparse/masks/block_mask.hpp"
 #include "vlsparse/masks/templates.hpp"
-#include "vlsparse/policies/blindsight_params.hpp"
+#include "vlsparse/policies/blindsight_select.hpp"
 
 namespace vlsparse {
 

@@ -1,5 +1,6 @@
-// vlsparse/policies/blindsight_params.hpp -- BlindSight's parameters, Algorithms 1 and 2 on given
-// NMSEs, and the head-to-template map: the part of BlindSight without attention (no Eigen, no xsimd).
+// vlsparse/policies/blindsight_params.hpp -- BlindSight's parameters and their check, Algorithm 1's
+// per-head result and tallies, and the head-to-template map (no Eigen, no xsimd). Algorithms 1 and 2
+// on given NMSEs (choose_template, aggregate, uniform_per_kv_group): policies/blindsight_select.hpp.
 //
 //   Algorithm 1 (prompt level), per head h:  template = first t in (Sink, Document, Document-Sink) with
 //     NMSE_t < alpha, else Dense (choose_template; the NMSEs come from simd:: or reference::
@@ -11,7 +12,7 @@
 // gamma_s = gamma_d = 0.6). The CPU fast path of Algorithm 1 is in <vlsparse/policies/blindsight.hpp>,
 // its exact twin in <vlsparse/reference/blindsight.hpp>; the JSON form of the head map in
 // <vlsparse/io/blindsight_json.hpp>.
-// Include: <vlsparse/policies/blindsight.hpp> (or this header alone, without the attention code).
+// Include: <vlsparse/policies/blindsight.hpp> (or policies/blindsight_select.hpp, without the attention code).
 #pragma once
 
 #include <array>
@@ -46,10 +47,6 @@ inline void check_blindsight_params(const BlindSightParams& P, const char* fn) {
                     ", expected a finite scale >= 0 (0 = 1/sqrt(d))");
 }
 
-// The three templates Algorithm 1 tries, in its order.
-inline constexpr MaskTemplate kCandidateTemplates[] = {MaskTemplate::sink, MaskTemplate::document,
-                                                       MaskTemplate::document_sink};
-
 // Algorithm 1's result for one head: the chosen template and the NMSE of each template
 // (indexed by MaskTemplate; the Dense entry is 0).
 struct HeadCharacterization {
@@ -57,87 +54,12 @@ struct HeadCharacterization {
     std::array<double, 4> nmse{};
 };
 
-// The first-wins rule of Algorithm 1 on given NMSEs.
-inline MaskTemplate choose_template(const std::array<double, 4>& nmse, double alpha) {
-    for (MaskTemplate t : kCandidateTemplates)
-        if (nmse[static_cast<std::size_t>(t)] < alpha) return t;
-    return MaskTemplate::dense;
-}
-
 // Per-head tallies of Algorithm 1's decisions over a dataset (indexed by MaskTemplate).
 struct TemplateCounts {
     std::array<std::int64_t, 4> count{};
     std::int64_t total() const { return count[0] + count[1] + count[2] + count[3]; }
     void add(MaskTemplate t) { ++count[static_cast<std::size_t>(t)]; }
 };
-
-// Algorithm 2 for one head. Throws when no prompt was counted.
-inline MaskTemplate aggregate_head(const TemplateCounts& c, const BlindSightParams& P = {}) {
-    constexpr const char* fn = "blindsight_aggregate";
-    check_blindsight_params(P, fn);
-    for (std::size_t t = 0; t < 4; ++t)
-        detail::require(c.count[t] >= 0, fn, "count[", to_string(static_cast<MaskTemplate>(t)), "] = ", c.count[t],
-                        ", expected >= 0");
-    const std::int64_t total = c.total();
-    detail::require(total > 0, fn, "no prompts counted for this head, expected at least one");
-    auto frac = [&](MaskTemplate t) { return static_cast<double>(c.count[static_cast<std::size_t>(t)]) / static_cast<double>(total); };
-    if (frac(MaskTemplate::dense) > P.gamma_c) return MaskTemplate::dense;
-    if (frac(MaskTemplate::sink) > P.gamma_s) return MaskTemplate::sink;
-    if (frac(MaskTemplate::document) > P.gamma_d) return MaskTemplate::document;
-    return MaskTemplate::document_sink;
-}
-
-// Algorithm 2 over a whole model: counts[layer * heads + head] -> templates (same order).
-inline std::vector<MaskTemplate> aggregate(std::span<const TemplateCounts> counts, const BlindSightParams& P = {}) {
-    std::vector<MaskTemplate> r;
-    r.reserve(counts.size());
-    for (const auto& c : counts) r.push_back(aggregate_head(c, P));
-    return r;
-}
-
-// The smallest template whose mask contains both (Document and Sink -> Document-Sink; anything with
-// Dense -> Dense): used to force one template per KV group without dropping pairs a head needs.
-inline MaskTemplate template_union(MaskTemplate a, MaskTemplate b) {
-    if (a == b) return a;
-    if (a == MaskTemplate::dense || b == MaskTemplate::dense) return MaskTemplate::dense;
-    return MaskTemplate::document_sink;
-}
-
-// Option (docs/blindsight.md, "Per KV group"): one template per KV group, the union of its query heads'
-// templates.
-inline std::vector<MaskTemplate> uniform_per_kv_group(std::span<const MaskTemplate> heads, std::int64_t kv_heads) {
-    constexpr const char* fn = "uniform_per_kv_group";
-    const auto H = static_cast<std::int64_t>(heads.size());
-    detail::require(kv_heads > 0 && H > 0 && H % kv_heads == 0, fn, "H = ", H, " heads and H_kv = ", kv_heads,
-                    ", expected H_kv > 0 dividing H");
-    const std::int64_t group = H / kv_heads;
-    std::vector<MaskTemplate> r(heads.begin(), heads.end());
-    for (std::int64_t g = 0; g < kv_heads; ++g) {
-        MaskTemplate u = heads[static_cast<std::size_t>(g * group)];
-        for (std::int64_t h = g * group; h < (g + 1) * group; ++h) u = template_union(u, heads[static_cast<std::size_t>(h)]);
-        for (std::int64_t h = g * group; h < (g + 1) * group; ++h) r[static_cast<std::size_t>(h)] = u;
-    }
-    return r;
-}
-
-namespace detail {
-
-// ||a - b||^2 / ||b||^2 over the rows of head h of two [n, H, d] fp32 buffers, in double.
-inline double head_nmse(const std::vector<float>& a, const std::vector<float>& b, std::int64_t n, std::int64_t H,
-                        std::int64_t d, std::int64_t h) {
-    double num = 0.0, den = 0.0;
-    for (std::int64_t i = 0; i < n; ++i)
-        for (std::int64_t c = 0; c < d; ++c) {
-            const auto idx = static_cast<std::size_t>((i * H + h) * d + c);
-            const double x = a[idx], y = b[idx];
-            num += (x - y) * (x - y);
-            den += y * y;
-        }
-    if (den == 0.0) return num == 0.0 ? 0.0 : INFINITY;
-    return num / den;
-}
-
-}  // namespace detail
 
 // A model's head-to-template map (layer-major: map[layer * heads + head]) with the model shape and
 // the parameters that produced it. JSON in <vlsparse/io/blindsight_json.hpp>.

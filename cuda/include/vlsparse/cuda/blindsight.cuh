@@ -31,7 +31,7 @@
 #include "vlsparse/cuda/common.cuh"
 #include "vlsparse/cuda/prefill.cuh"
 #include "vlsparse/masks/templates.hpp"
-#include "vlsparse/policies/blindsight_params.hpp"
+#include "vlsparse/policies/blindsight_select.hpp"
 
 namespace vlsparse::cuda {
 

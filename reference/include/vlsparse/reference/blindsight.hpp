@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "vlsparse/masks/templates.hpp"
-#include "vlsparse/policies/blindsight_params.hpp"
+#include "vlsparse/policies/blindsight_select.hpp"
 #include "vlsparse/reference/attention.hpp"
 #include "vlsparse/reference/masked.hpp"
 

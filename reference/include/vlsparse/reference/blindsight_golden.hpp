@@ -22,7 +22,7 @@
 #include "vlsparse/io/golden.hpp"
 #include "vlsparse/masks/flops.hpp"
 #include "vlsparse/masks/templates.hpp"
-#include "vlsparse/policies/blindsight_params.hpp"
+#include "vlsparse/policies/blindsight_select.hpp"
 #include "vlsparse/reference/zipvl_golden.hpp"
 
 namespace vlsparse::golden {
