@@ -198,25 +198,15 @@ struct AvlOps {
         cuda::BaselineScorer sc;
         return sc.h2o_scores(qd.v, kd.v, BaselineGroups::kv_head);
     }
-    // As simd::avl_decode_step, with the step's attention and probabilities from the GPU.
+    // avl_decode_step_over (the sequencing of every backend) with the step's attention and
+    // probabilities from the GPU.
     template <class T>
     static AvlStep decode_step(View2<const T> q, const KvCache<T>& cache, DecodeSchedule& sched, std::int64_t t,
                                View2<float> out, const AttentionOptions& opt = {}) {
-        sched.begin_step(t);
-        AvlStep st{t, sched.splits() && sched.is_refresh(t), sched.positions(t, cache.seq_len())};
-        const CacheRows rows = rows_for_positions(cache, st.read);
-        std::int64_t L = 0;
-        for (const auto& l : rows) L = std::max<std::int64_t>(L, static_cast<std::int64_t>(l.size()));
-        const auto probs = gpu_decode(q, cache, rows, out, opt, L, st.refresh);
-        if (!st.refresh) return st;
-        const std::int64_t H = q.shape[0], group = H / cache.n_kv_heads();
-        std::vector<double> score(static_cast<std::size_t>(cache.seq_len()), 0.0);
-        for (std::int64_t h = 0; h < H; ++h) {
-            const auto& list = st.read.for_kv_head(h / group);
-            for (std::size_t i = 0; i < list.size(); ++i) score[static_cast<std::size_t>(list[i])] += probs[static_cast<std::size_t>(h * L) + i];
-        }
-        sched.refresh(t, [&](std::int64_t p) { return score[static_cast<std::size_t>(p)] / static_cast<double>(H); });
-        return st;
+        return avl_decode_step_over<double>(cache, q.shape[0], sched, t, [&](const CacheRows& rows, double* probs, std::int64_t L) {
+            const auto p = gpu_decode(q, cache, rows, out, opt, L, probs != nullptr);
+            if (probs) std::copy(p.begin(), p.end(), probs);
+        });
     }
 };
 

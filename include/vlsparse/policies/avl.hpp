@@ -70,25 +70,10 @@ std::vector<std::vector<double>> avl_h2o_scores(View3<const TQ> q, View3<const T
 template <ElementType TQ, ElementType TC, OutputElement TO>
 AvlStep avl_decode_step(View2<const TQ> q, const KvCache<TC>& cache, DecodeSchedule& sched, std::int64_t t,
                         View2<TO> out, const AttentionOptions& opt = {}) {
-    sched.begin_step(t);
-    AvlStep st{t, sched.splits() && sched.is_refresh(t), sched.positions(t, cache.seq_len())};
-    const CacheRows rows = rows_for_positions(cache, st.read);
-    if (!st.refresh) {
-        indexed_decode_attention(q, cache, rows, out, opt);
-        return st;
-    }
-    const std::int64_t H = q.shape[0], group = H / cache.n_kv_heads();
-    std::size_t L = 0;
-    for (const auto& l : rows) L = std::max(L, l.size());
-    std::vector<float> probs(static_cast<std::size_t>(H) * L);
-    indexed_decode_attention(q, cache, rows, out, View2<float>(probs.data(), {H, static_cast<std::int64_t>(L)}), opt);
-    std::vector<double> score(static_cast<std::size_t>(cache.seq_len()), 0.0);
-    for (std::int64_t h = 0; h < H; ++h) {
-        const auto& list = st.read.for_kv_head(h / group);
-        for (std::size_t i = 0; i < list.size(); ++i) score[static_cast<std::size_t>(list[i])] += probs[static_cast<std::size_t>(h) * L + i];
-    }
-    sched.refresh(t, [&](std::int64_t p) { return score[static_cast<std::size_t>(p)] / static_cast<double>(H); });
-    return st;
+    return avl_decode_step_over<float>(cache, q.shape[0], sched, t, [&](const CacheRows& rows, float* probs, std::int64_t L) {
+        if (probs) indexed_decode_attention(q, cache, rows, out, View2<float>(probs, {q.shape[0], L}), opt);
+        else indexed_decode_attention(q, cache, rows, out, opt);
+    });
 }
 
 // A-VL's operations on the SIMD backend: the concept of golden::run_avl_case (the signatures are listed

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "vlsparse/attention/cache_rows.hpp"
 #include "vlsparse/core/error.hpp"
 #include "vlsparse/core/selection.hpp"
 #include "vlsparse/core/topk.hpp"
@@ -126,5 +127,36 @@ private:
     std::int64_t last_step_ = -1, pending_at_ = 0;
     bool has_pending_ = false;
 };
+
+// One A-VL decode step t, written once for every backend: the positions the schedule gives for step t
+// (as rows of `cache`), the step's attention by the backend's `decode`, and on a refresh step the core
+// set re-ranked by the head-mean attention of the rows read. decode(rows, probs, L) computes the
+// attention of the step's H query heads over `rows`; probs is null on a step that is not a refresh,
+// else [H][L] (L = the longest list) to receive each head's probability of each listed row, in the
+// backend's precision P (double for the reference, float for the SIMD path). reference::avl_decode_step
+// and simd::avl_decode_step call it with their indexed decode attention.
+template <class P, class TC, class Decode>
+AvlStep avl_decode_step_over(const KvCache<TC>& cache, std::int64_t H, DecodeSchedule& sched, std::int64_t t,
+                             Decode&& decode) {
+    sched.begin_step(t);
+    AvlStep st{t, sched.splits() && sched.is_refresh(t), sched.positions(t, cache.seq_len())};
+    const CacheRows rows = rows_for_positions(cache, st.read);
+    if (!st.refresh) {
+        decode(rows, static_cast<P*>(nullptr), std::int64_t{0});
+        return st;
+    }
+    const std::int64_t group = H / cache.n_kv_heads();
+    std::size_t L = 0;
+    for (const auto& l : rows) L = std::max(L, l.size());
+    std::vector<P> probs(static_cast<std::size_t>(H) * L);
+    decode(rows, probs.data(), static_cast<std::int64_t>(L));
+    std::vector<double> score(static_cast<std::size_t>(cache.seq_len()), 0.0);
+    for (std::int64_t h = 0; h < H; ++h) {
+        const auto& list = st.read.for_kv_head(h / group);
+        for (std::size_t i = 0; i < list.size(); ++i) score[static_cast<std::size_t>(list[i])] += probs[static_cast<std::size_t>(h) * L + i];
+    }
+    sched.refresh(t, [&](std::int64_t p) { return score[static_cast<std::size_t>(p)] / static_cast<double>(H); });
+    return st;
+}
 
 }  // namespace vlsparse
