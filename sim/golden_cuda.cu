@@ -338,14 +338,13 @@ std::string prefill_precision(const std::string& dtype, std::int64_t d) {
     return (dtype == "bf16" || dtype == "fp16") && (d == 64 || d == 128) ? dtype : "fp32";
 }
 
-template <class Named>  // golden::NamedArray or BlindSightOutput: {name, array}
-std::vector<GoldenRunOutput> with_precision(std::vector<Named> a, const char* prefill_output = "",
-                                            const std::string& prefill_prec = "fp32") {
-    std::vector<GoldenRunOutput> r;
-    for (auto& x : a) {
-        const std::string p = x.name == prefill_output ? prefill_prec : "fp32";
-        r.push_back({std::move(x.name), std::move(x.array), p});
-    }
+// The fp32 bar for every output but `prefill_output`, which gets `prefill_prec`.
+template <class Named>
+std::vector<GoldenRunOutput> with_prefill_precision(std::vector<Named> a, const char* prefill_output,
+                                                    const std::string& prefill_prec) {
+    auto r = detail::with_precision(std::move(a), "fp32");
+    for (auto& o : r)
+        if (o.name == prefill_output) o.precision = prefill_prec;
     return r;
 }
 
@@ -357,24 +356,24 @@ std::vector<GoldenRunOutput> cuda_golden_case(const std::filesystem::path& dir, 
                                 "no CUDA device is visible to this process");
     if (m.algorithm == "zipvl") {
         const auto c = golden::read_zipvl_inputs(dir);
-        return with_precision(golden::run_zipvl_case<ZipVLOps>(c), "prefill_out", prefill_precision(c.dtype, c.d));
+        return with_prefill_precision(golden::run_zipvl_case<ZipVLOps>(c), "prefill_out", prefill_precision(c.dtype, c.d));
     }
     if (m.algorithm == "avl") {
         const auto c = golden::read_avl_inputs(dir);
-        return with_precision(golden::run_avl_case<AvlOps>(c));
+        return detail::with_precision(golden::run_avl_case<AvlOps>(c), "fp32");
     }
     if (m.algorithm == "baselines") {
         const auto c = golden::read_baselines_inputs(dir);
-        return with_precision(golden::run_baselines_case<BaselineOps>(c));
+        return detail::with_precision(golden::run_baselines_case<BaselineOps>(c), "fp32");
     }
     if (m.algorithm == "blindsight") {
         const auto c = golden::read_blindsight_inputs(dir);
-        return with_precision(golden::run_blindsight_case<BlindSightOps>(c), "masked_out", prefill_precision(c.dtype, c.d));
+        return with_prefill_precision(golden::run_blindsight_case<BlindSightOps>(c), "masked_out", prefill_precision(c.dtype, c.d));
     }
     if (m.algorithm == "purekv") {
         const auto c = golden::read_purekv_inputs(dir);
-        return with_precision(golden::run_purekv_case<PureKVEstimatorOnGpu>(c), "prefill_out",
-                              prefill_precision(c.dtype, c.shape.head_dim));
+        return with_prefill_precision(golden::run_purekv_case<PureKVEstimatorOnGpu>(c), "prefill_out",
+                                      prefill_precision(c.dtype, c.shape.head_dim));
     }
     throw error(kFn, "algorithm '" + m.algorithm + "', expected zipvl, avl, baselines, blindsight or purekv");
 }

@@ -22,17 +22,6 @@
 
 namespace vlsparse::sim {
 
-namespace detail {
-
-template <class Named>  // golden::NamedArray or BlindSightOutput: {name, array}
-std::vector<GoldenRunOutput> with_precision(std::vector<Named> a, const std::string& precision) {
-    std::vector<GoldenRunOutput> r;
-    for (auto& x : a) r.push_back({std::move(x.name), std::move(x.array), precision});
-    return r;
-}
-
-}  // namespace detail
-
 // The SIMD path of every algorithm (fp32 arithmetic), through the same run_<algorithm>_case code as
 // the golden generator and the tests.
 inline std::vector<GoldenRunOutput> cpu_golden_case(const std::filesystem::path& dir, const GoldenManifest& m) {

@@ -24,6 +24,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "vlsparse/io/golden.hpp"
@@ -82,10 +83,7 @@ inline GoldenCaseCheck check_computed(const std::filesystem::path& case_dir, con
     cc.algorithm = m.algorithm;
     cc.case_name = m.case_name;
     for (const auto& spec0 : m.outputs) {
-        GoldenOutputCheck c;
-        c.name = spec0.name;
-        c.file = spec0.file;
-        c.metric = spec0.metric;
+        GoldenOutputCheck c = output_check_of(spec0);
         const auto it = std::find_if(outs.begin(), outs.end(), [&](const auto& o) { return o.name == spec0.name; });
         if (it == outs.end()) {
             c.missing = true;
@@ -104,6 +102,19 @@ inline GoldenCaseCheck check_computed(const std::filesystem::path& case_dir, con
         cc.outputs.push_back(c);
     }
     return cc;
+}
+
+}  // namespace detail
+
+namespace detail {
+
+// A golden runner's named outputs ({name, array}: golden::NamedArray, BlindSightOutput) held to one
+// precision's bar.
+template <class Named>
+std::vector<GoldenRunOutput> with_precision(std::vector<Named> a, const std::string& precision) {
+    std::vector<GoldenRunOutput> r;
+    for (auto& x : a) r.push_back({std::move(x.name), std::move(x.array), precision});
+    return r;
 }
 
 }  // namespace detail

@@ -100,6 +100,15 @@ inline void first_difference(const GoldenTensor& spec, const NpyArray& exp, cons
     }
 }
 
+// The check of one manifest output before anything is compared: its name, file and metric.
+inline GoldenOutputCheck output_check_of(const GoldenTensor& spec) {
+    GoldenOutputCheck c;
+    c.name = spec.name;
+    c.file = spec.file;
+    c.metric = spec.metric;
+    return c;
+}
+
 // Compares `got` with the golden case's tensor `spec` under the tolerance c.tol: fills c's verdict, the
 // metric's value, the report line and the first difference. Throws what reading the golden tensor or
 // comparing throws.
@@ -133,10 +142,7 @@ inline GoldenCaseCheck verify_case(const std::filesystem::path& port, const std:
     cc.algorithm = m.algorithm;
     cc.case_name = m.case_name;
     for (const auto& spec : m.outputs) {
-        GoldenOutputCheck c;
-        c.name = spec.name;
-        c.file = spec.file;
-        c.metric = spec.metric;
+        GoldenOutputCheck c = output_check_of(spec);
         c.tol = spec.tol_for(precision);
         c.precision = precision == "fp32" ? "" : precision;
         const auto pf = port / spec.file;
