@@ -1,6 +1,7 @@
 // vlsparse/policies/baselines.hpp -- the baselines on the CPU fast path (namespace vlsparse::simd):
 // H2O, SnapKV and FastV scores by the SIMD attention kernels (simd::probe_attention, fp32
-// accumulation, per-head sums widened to double), then the shared selection of baselines_select.hpp.
+// accumulation, per-head sums widened to double), then the shared selection of baselines_select.hpp
+// (h2o_select and the others: the sequencing written there once over simd::BaselineOps).
 // StreamingLLM, random and fixed-ratio selection have no arithmetic: streamingllm_select,
 // random_select and fixed_ratio_select in baselines_select.hpp serve both paths.
 //
@@ -37,13 +38,6 @@ std::vector<std::vector<double>> h2o_scores(View3<const TQ> q, View3<const TK> k
         acc.resize(1);
     }
     return acc;
-}
-
-// H2O's prefill selection of one layer. q [n, H, d], k [n, H_kv, d].
-template <ElementType TQ, ElementType TK>
-TokenSelection h2o_select(View3<const TQ> q, View3<const TK> k, const H2OParams& P) {
-    P.validate("simd::h2o_select");
-    return h2o_select_from_scores(h2o_scores(q, k, P.groups, P.attention()), P);
 }
 
 // SnapKV's raw window scores: for j < n - window, the attention of the last `window` queries summed
@@ -102,37 +96,11 @@ inline std::vector<double> snapkv_pool(std::span<const double> s, std::int64_t k
     return out;
 }
 
-// SnapKV's prefill selection of one layer: window + top (capacity - window) by pooled window scores.
-template <ElementType TQ, ElementType TK>
-TokenSelection snapkv_select(View3<const TQ> q, View3<const TK> k, const SnapKVParams& P) {
-    constexpr const char* fn = "simd::snapkv_select";
-    P.validate(fn);
-    ::vlsparse::detail::check_prefill_qk(q, k, fn);
-    const std::int64_t n = q.shape[0];
-    ::vlsparse::detail::require(P.window <= n, fn, "window = ", P.window, " is larger than the prompt (n = ", n,
-                                "), expected 1 <= window <= n");
-    auto raw = snapkv_window_scores(q, k, P.window, P.groups, P.attention());
-    std::vector<std::vector<double>> pooled;
-    for (const auto& s : raw) pooled.push_back(snapkv_pool(s, P.kernel, P.pooling));
-    return snapkv_select_from_pooled(std::move(pooled), n, P);
-}
-
 // FastV's score: the last row's attention averaged over every query head (n values).
 template <ElementType TQ, ElementType TK>
 std::vector<double> fastv_scores(View3<const TQ> q, View3<const TK> k, const AttentionOptions& opt = {}) {
     ::vlsparse::detail::check_prefill_qk(q, k, "simd::fastv_scores");
     return avl_scores(q, k, opt);
-}
-
-// FastV's pruning decision at layer K-1 (q, k of that layer, prefill over the layout's n tokens):
-// the positions that stay in the sequence for layers K, K+1, ... (shared list, with the scores).
-template <ElementType TQ, ElementType TK>
-TokenSelection fastv_select(View3<const TQ> q, View3<const TK> k, const Layout& layout, const FastVParams& P) {
-    constexpr const char* fn = "simd::fastv_select";
-    P.validate(fn);
-    ::vlsparse::detail::check_prefill_qk(q, k, fn);
-    layout.require_tokens(q.shape[0], fn);
-    return fastv_select_from_scores(fastv_scores(q, k, P.attention()), layout, P);
 }
 
 // The baselines' operations on the SIMD backend: the concept of golden::run_baselines_case (the
@@ -154,5 +122,23 @@ struct BaselineOps {
     template <class... A> static auto snapkv_pool(A&&... a) { return simd::snapkv_pool(std::forward<A>(a)...); }
     template <class... A> static auto fastv_scores(A&&... a) { return simd::fastv_scores(std::forward<A>(a)...); }
 };
+
+// The prefill selections (baselines_select.hpp: the sequencing written once over BaselineOps).
+// H2O: q [n, H, d], k [n, H_kv, d].
+template <ElementType TQ, ElementType TK>
+TokenSelection h2o_select(View3<const TQ> q, View3<const TK> k, const H2OParams& P) {
+    return h2o_select_over<BaselineOps>(q, k, P, "simd::h2o_select");
+}
+// SnapKV: window + top (capacity - window) by pooled window scores.
+template <ElementType TQ, ElementType TK>
+TokenSelection snapkv_select(View3<const TQ> q, View3<const TK> k, const SnapKVParams& P) {
+    return snapkv_select_over<BaselineOps>(q, k, P, "simd::snapkv_select");
+}
+// FastV's pruning decision at layer K-1 (q, k of that layer, prefill over the layout's n tokens):
+// the positions that stay in the sequence for layers K, K+1, ... (shared list, with the scores).
+template <ElementType TQ, ElementType TK>
+TokenSelection fastv_select(View3<const TQ> q, View3<const TK> k, const Layout& layout, const FastVParams& P) {
+    return fastv_select_over<BaselineOps>(q, k, layout, P, "simd::fastv_select");
+}
 
 }  // namespace vlsparse::simd

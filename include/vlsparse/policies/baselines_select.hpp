@@ -1,7 +1,8 @@
 // vlsparse/policies/baselines_select.hpp -- the baselines' backend-independent selection steps on
 // given scores: H2O's heavy + recent choice, SnapKV's window + pooled top-k, StreamingLLM's sinks +
 // recent window, FastV's visual top-k, random and fixed-ratio selection; shared by the reference, the
-// SIMD path and CUDA (no Eigen, no xsimd, no OpenMP; nvcc compiles it). The Params, budgets and enums
+// SIMD path and CUDA (no Eigen, no xsimd, no OpenMP; nvcc compiles it). H2O's, SnapKV's and FastV's
+// prefill selections are written once over a backend's BaselineOps (h2o_select_over, ...). The Params, budgets and enums
 // are in policies/baselines_params.hpp (included here); the formulas are restated there.
 // Ties: lower position first (core/topk.hpp). Conventions: docs/baselines.md.
 // Include: <vlsparse/policies/baselines.hpp> (SIMD path) or <vlsparse/reference/baselines.hpp> (reference).
@@ -229,6 +230,41 @@ inline TokenSelection fixed_ratio_select(const Layout& layout, const FixedRatioP
         chosen.push_back(cand[static_cast<std::size_t>(off)]);
     }
     return detail::keep_outside_scope(layout, P.scope, std::move(chosen));
+}
+
+
+// ---------------------------------------------------------------------------------------------------
+// The prefill selections of H2O, SnapKV and FastV, written once over a backend's ops type
+// (reference::BaselineOps, simd::BaselineOps: h2o_scores, snapkv_window_scores, snapkv_pool,
+// fastv_scores): the checks, the scores by the backend, the selection by the steps above.
+// reference::h2o_select and simd::h2o_select (and the others) call them; `fn` names the caller.
+
+template <class Ops, class TQ, class TK>
+TokenSelection h2o_select_over(View3<const TQ> q, View3<const TK> k, const H2OParams& P, const char* fn) {
+    P.validate(fn);
+    return h2o_select_from_scores(Ops::h2o_scores(q, k, P.groups, P.attention()), P);
+}
+
+template <class Ops, class TQ, class TK>
+TokenSelection snapkv_select_over(View3<const TQ> q, View3<const TK> k, const SnapKVParams& P, const char* fn) {
+    P.validate(fn);
+    detail::check_prefill_qk(q, k, fn);
+    const std::int64_t n = q.shape[0];
+    detail::require(P.window <= n, fn, "window = ", P.window, " is larger than the prompt (n = ", n,
+                    "), expected 1 <= window <= n");
+    std::vector<std::vector<double>> pooled;
+    for (const auto& s : Ops::snapkv_window_scores(q, k, P.window, P.groups, P.attention()))
+        pooled.push_back(Ops::snapkv_pool(s, P.kernel, P.pooling));
+    return snapkv_select_from_pooled(std::move(pooled), n, P);
+}
+
+template <class Ops, class TQ, class TK>
+TokenSelection fastv_select_over(View3<const TQ> q, View3<const TK> k, const Layout& layout, const FastVParams& P,
+                                 const char* fn) {
+    P.validate(fn);
+    detail::check_prefill_qk(q, k, fn);
+    layout.require_tokens(q.shape[0], fn);
+    return fastv_select_from_scores(Ops::fastv_scores(q, k, P.attention()), layout, P);
 }
 
 }  // namespace vlsparse

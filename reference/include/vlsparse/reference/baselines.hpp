@@ -5,8 +5,9 @@
 //   SnapKV  s_j = sum_{i = n-w}^{n-1} sum_{h in group} A[h,i,j]   (j < n - w),
 //           avg pool: s'_j = (1/k) sum_{|t-j| <= k/2, 0 <= t < n-w} s_t;   max pool: max of the same t
 //   FastV   s_j = (1/H) sum_h A[h,n-1,j]
-// The selection from these scores is the shared code of vlsparse/policies/baselines_params.hpp
-// (StreamingLLM, random and fixed-ratio are there too: they have no arithmetic).
+// The selection from these scores is the shared code of vlsparse/policies/baselines_select.hpp, and so
+// is the sequencing of h2o_select / snapkv_select / fastv_select (written once over BaselineOps);
+// StreamingLLM, random and fixed-ratio are there too: they have no arithmetic.
 // Plain loops, double accumulation. Include: <vlsparse/reference/baselines.hpp>
 #pragma once
 
@@ -56,13 +57,6 @@ std::vector<std::vector<double>> h2o_scores(View3<const TQ> q, View3<const TK> k
     return acc;
 }
 
-// H2O's prefill selection of one layer. q [n, H, d], k [n, H_kv, d].
-template <ElementType TQ, ElementType TK>
-TokenSelection h2o_select(View3<const TQ> q, View3<const TK> k, const H2OParams& P) {
-    P.validate("reference::h2o_select");
-    return h2o_select_from_scores(h2o_scores(q, k, P.groups, P.attention()), P);
-}
-
 // SnapKV's raw window scores [G][n - window].
 template <ElementType TQ, ElementType TK>
 std::vector<std::vector<double>> snapkv_window_scores(View3<const TQ> q, View3<const TK> k, std::int64_t window,
@@ -106,21 +100,6 @@ inline std::vector<double> snapkv_pool(std::span<const double> s, std::int64_t k
     return out;
 }
 
-// SnapKV's prefill selection of one layer.
-template <ElementType TQ, ElementType TK>
-TokenSelection snapkv_select(View3<const TQ> q, View3<const TK> k, const SnapKVParams& P) {
-    constexpr const char* fn = "reference::snapkv_select";
-    P.validate(fn);
-    ::vlsparse::detail::check_prefill_qk(q, k, fn);
-    const std::int64_t n = q.shape[0];
-    ::vlsparse::detail::require(P.window <= n, fn, "window = ", P.window, " is larger than the prompt (n = ", n,
-                                "), expected 1 <= window <= n");
-    std::vector<std::vector<double>> pooled;
-    for (const auto& s : snapkv_window_scores(q, k, P.window, P.groups, P.attention()))
-        pooled.push_back(snapkv_pool(s, P.kernel, P.pooling));
-    return snapkv_select_from_pooled(std::move(pooled), n, P);
-}
-
 // FastV's score: the last row's attention averaged over every query head.
 template <ElementType TQ, ElementType TK>
 std::vector<double> fastv_scores(View3<const TQ> q, View3<const TK> k, const AttentionOptions& opt = {}) {
@@ -134,16 +113,6 @@ std::vector<double> fastv_scores(View3<const TQ> q, View3<const TK> k, const Att
     }
     for (auto& x : s) x /= static_cast<double>(H);
     return s;
-}
-
-// FastV's pruning decision at layer K-1: the positions that stay for layers K, K+1, ...
-template <ElementType TQ, ElementType TK>
-TokenSelection fastv_select(View3<const TQ> q, View3<const TK> k, const Layout& layout, const FastVParams& P) {
-    constexpr const char* fn = "reference::fastv_select";
-    P.validate(fn);
-    ::vlsparse::detail::check_prefill_qk(q, k, fn);
-    layout.require_tokens(q.shape[0], fn);
-    return fastv_select_from_scores(fastv_scores(q, k, P.attention()), layout, P);
 }
 
 // The baselines' operations on the reference backend: the concept of golden::run_baselines_case, for
@@ -168,5 +137,19 @@ struct BaselineOps {
     template <class... A> static auto snapkv_pool(A&&... a) { return reference::snapkv_pool(std::forward<A>(a)...); }
     template <class... A> static auto fastv_scores(A&&... a) { return reference::fastv_scores(std::forward<A>(a)...); }
 };
+
+// The prefill selections, by the sequencing of baselines_select.hpp over reference::BaselineOps.
+template <ElementType TQ, ElementType TK>
+TokenSelection h2o_select(View3<const TQ> q, View3<const TK> k, const H2OParams& P) {
+    return h2o_select_over<BaselineOps>(q, k, P, "reference::h2o_select");
+}
+template <ElementType TQ, ElementType TK>
+TokenSelection snapkv_select(View3<const TQ> q, View3<const TK> k, const SnapKVParams& P) {
+    return snapkv_select_over<BaselineOps>(q, k, P, "reference::snapkv_select");
+}
+template <ElementType TQ, ElementType TK>
+TokenSelection fastv_select(View3<const TQ> q, View3<const TK> k, const Layout& layout, const FastVParams& P) {
+    return fastv_select_over<BaselineOps>(q, k, layout, P, "reference::fastv_select");
+}
 
 }  // namespace vlsparse::reference
