@@ -109,29 +109,10 @@ std::vector<std::vector<double>> purekv_v_norms(View3<const TV> v, PureKVGroupin
 template <ElementType TV>
 PureKVSelection purekv_select(const PureKVScores& scores, View3<const TV> v, std::int64_t layer, const PureKVParams& P) {
     constexpr const char* fn = "simd::purekv_select";
-    ::vlsparse::detail::check_purekv_params(P, fn);
-    ::vlsparse::detail::check_strides(v, fn, "v", false);
-    const std::int64_t n = v.shape[0], Hkv = v.shape[1];
-    ::vlsparse::detail::require(n > 0 && Hkv > 0 && v.shape[2] > 0, fn, "v has shape [", n, ", ", Hkv, ", ", v.shape[2],
-                                "], expected a non-empty [n, H_kv, d]");
-    ::vlsparse::detail::require(scores.n == n && scores.window == P.window, fn, "scores cover n = ", scores.n, " with window ",
-                                scores.window, ", v has n = ", n, " and the params window ", P.window, "; expected equal");
-    const std::int64_t G = P.grouping == PureKVGrouping::kv_head ? Hkv : 1;
-    ::vlsparse::detail::require(scores.groups() == G, fn, "scores have ", scores.groups(), " groups, expected ", G, " (",
-                                to_string(P.grouping), " grouping, H_kv = ", Hkv, ")");
+    ::vlsparse::detail::check_purekv_select(scores, v, P, fn);
     if (P.check_finite) detail::check_finite_vectorized(v, fn, "v");
     return ::vlsparse::detail::purekv_finish(scores, purekv_v_norms(v, P.grouping), layer, P,
                                              [](std::span<const double> imp, std::int64_t h) { return topk_indices(imp, h); });
-}
-
-// The paper's validation (Eq. 5-7) for layer `layer`: l0's scores against the layer's own (from its
-// q, k), both weighted by its ||V||, Spearman per group over [0, n - w).
-template <ElementType TQ, ElementType TK>
-PureKVLayerValidation purekv_validate(const PureKVScores& l0_scores, View3<const TQ> q, View3<const TK> k,
-                                      View3<const TK> v, std::int64_t layer, const PureKVParams& P) {
-    const PureKVSelection est = purekv_select(l0_scores, v, layer, P);
-    const PureKVSelection own = purekv_select(purekv_window_scores(q, k, layer, P), v, layer, P);
-    return purekv_validation(est, own);
 }
 
 // ST-SpAttn prefill: masked attention over purekv_block_mask(layout, H, P). q [n, H, d], k, v
@@ -169,6 +150,14 @@ struct PureKVOps {
 namespace detail {
 using PureKVBackend [[deprecated("use simd::PureKVOps")]] = PureKVOps;
 }  // namespace detail
+
+// The paper's validation (Eq. 5-7) for layer `layer`: l0's scores against the layer's own (from its
+// q, k), both weighted by its ||V||, Spearman per group over [0, n - w) (purekv_validate_over).
+template <ElementType TQ, ElementType TK>
+PureKVLayerValidation purekv_validate(const PureKVScores& l0_scores, View3<const TQ> q, View3<const TK> k,
+                                      View3<const TK> v, std::int64_t layer, const PureKVParams& P) {
+    return purekv_validate_over<PureKVOps>(purekv_select(l0_scores, v, layer, P), q, k, v, layer, P);
+}
 
 // The cross-layer estimator on the SIMD path (see purekv_estimator.hpp).
 using PureKVEstimator = BasicPureKVEstimator<PureKVOps>;

@@ -36,6 +36,15 @@ namespace vlsparse {
 // numerical steps: window_scores(q, k, layer, P), select(scores, v, layer, P), attention(q, k, v,
 // ctx, block_mask or nullptr, out, P) and dense(q, k, v, out, P); `uses_block_mask` says whether
 // attention() reads a BlockMask (SIMD) or only the MaskContext (reference).
+// The paper's validation (Eq. 5-7) of layer `layer` on a backend's ops: `est`, the layer's selection
+// from l0's scores, against the layer's own (Eq. 2 from its q, k, weighted by its ||V||), Spearman per
+// group. simd::purekv_validate, reference::purekv_validate and BasicPureKVEstimator::validate call it.
+template <class Ops, class TQ, class TK>
+PureKVLayerValidation purekv_validate_over(const PureKVSelection& est, View3<const TQ> q, View3<const TK> k,
+                                           View3<const TK> v, std::int64_t layer, const PureKVParams& P) {
+    return purekv_validation(est, Ops::select(Ops::window_scores(q, k, layer, P), v, layer, P));
+}
+
 template <class Backend>
 class BasicPureKVEstimator {
 public:
@@ -127,9 +136,7 @@ public:
         check_layer(layer, fn);
         detail::require(layer > P_.l0, fn, "layer = ", layer, ", expected a layer above l0 = ", P_.l0);
         check_shape(q, k, fn);
-        const PureKVSelection est = select(layer, v);
-        const PureKVSelection own = Backend::select(Backend::window_scores(q, k, layer, P_), v, layer, P_);
-        return purekv_validation(est, own);
+        return purekv_validate_over<Backend>(select(layer, v), q, k, v, layer, P_);
     }
 
     // True when layer `layer`'s prefill uses the ST-SpAttn mask.

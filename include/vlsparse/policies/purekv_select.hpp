@@ -19,6 +19,8 @@
 #include "vlsparse/core/layout.hpp"
 #include "vlsparse/core/rank_correlation.hpp"
 #include "vlsparse/core/selection.hpp"
+#include "vlsparse/core/tensor.hpp"
+#include "vlsparse/detail/check.hpp"
 #include "vlsparse/kv/kv_cache.hpp"
 #include "vlsparse/masks/block_mask.hpp"
 #include "vlsparse/masks/templates.hpp"
@@ -98,6 +100,22 @@ inline PureKVLayerValidation purekv_validation(const PureKVSelection& estimated,
 }
 
 namespace detail {
+
+// The checks of purekv_select on every backend: the params, v [n, H_kv, d] non-empty with valid
+// strides, `scores` over the same n and window with one group per KV head (kv_head grouping) or one.
+template <class TV>
+void check_purekv_select(const PureKVScores& scores, const View3<const TV>& v, const PureKVParams& P, const char* fn) {
+    check_purekv_params(P, fn);
+    check_strides(v, fn, "v", false);
+    const std::int64_t n = v.shape[0], Hkv = v.shape[1];
+    require(n > 0 && Hkv > 0 && v.shape[2] > 0, fn, "v has shape [", n, ", ", Hkv, ", ", v.shape[2],
+            "], expected a non-empty [n, H_kv, d]");
+    require(scores.n == n && scores.window == P.window, fn, "scores cover n = ", scores.n, " with window ",
+            scores.window, ", v has n = ", n, " and the params window ", P.window, "; expected equal");
+    const std::int64_t G = P.grouping == PureKVGrouping::kv_head ? Hkv : 1;
+    require(scores.groups() == G, fn, "scores have ", scores.groups(), " groups, expected ", G, " (",
+            to_string(P.grouping), " grouping, H_kv = ", Hkv, ")");
+}
 
 // The ranking-independent steps of Eq. 3/4 + selection, given the group's V norms: importance, then
 // window + top-h by `top` (a backend's top-k: the h largest of the first n - w entries, ascending).

@@ -65,16 +65,9 @@ PureKVScores purekv_window_scores(View3<const TQ> q, View3<const TK> k, std::int
 template <ElementType TV>
 PureKVSelection purekv_select(const PureKVScores& scores, View3<const TV> v, std::int64_t layer, const PureKVParams& P) {
     constexpr const char* fn = "reference::purekv_select";
-    detail::check_purekv_params(P, fn);
-    detail::check_strides(v, fn, "v", false);
+    detail::check_purekv_select(scores, v, P, fn);
     const std::int64_t n = v.shape[0], Hkv = v.shape[1], d = v.shape[2];
-    detail::require(n > 0 && Hkv > 0 && d > 0, fn, "v has shape [", n, ", ", Hkv, ", ", d,
-                    "], expected a non-empty [n, H_kv, d]");
-    detail::require(scores.n == n && scores.window == P.window, fn, "scores cover n = ", scores.n, " with window ",
-                    scores.window, ", v has n = ", n, " and the params window ", P.window, "; expected equal");
     const std::int64_t G = P.grouping == PureKVGrouping::kv_head ? Hkv : 1;
-    detail::require(scores.groups() == G, fn, "scores have ", scores.groups(), " groups, expected ", G, " (",
-                    to_string(P.grouping), " grouping, H_kv = ", Hkv, ")");
     detail::check_finite(v, fn, "v");
     // ||V_{j,g}||_2 in double.
     std::vector<std::vector<double>> norms(static_cast<std::size_t>(G), std::vector<double>(static_cast<std::size_t>(n), 0.0));
@@ -100,15 +93,6 @@ PureKVSelection purekv_select(const PureKVScores& scores, View3<const TV> v, std
         return idx;
     };
     return detail::purekv_finish(scores, std::move(norms), layer, P, top);
-}
-
-// The paper's validation (Eq. 5-7) for layer `layer`; see simd::purekv_validate.
-template <ElementType TQ, ElementType TK>
-PureKVLayerValidation purekv_validate(const PureKVScores& l0_scores, View3<const TQ> q, View3<const TK> k,
-                                      View3<const TK> v, std::int64_t layer, const PureKVParams& P) {
-    const PureKVSelection est = purekv_select(l0_scores, v, layer, P);
-    const PureKVSelection own = purekv_select(purekv_window_scores(q, k, layer, P), v, layer, P);
-    return purekv_validation(est, own);
 }
 
 // ST-SpAttn prefill: masked attention over the video mask context (pair by pair over all keys).
@@ -148,6 +132,13 @@ struct PureKVOps {
 namespace detail {
 using PureKVBackend [[deprecated("use reference::PureKVOps")]] = PureKVOps;
 }  // namespace detail
+
+// The paper's validation (Eq. 5-7) for layer `layer`; see simd::purekv_validate.
+template <ElementType TQ, ElementType TK>
+PureKVLayerValidation purekv_validate(const PureKVScores& l0_scores, View3<const TQ> q, View3<const TK> k,
+                                      View3<const TK> v, std::int64_t layer, const PureKVParams& P) {
+    return purekv_validate_over<PureKVOps>(purekv_select(l0_scores, v, layer, P), q, k, v, layer, P);
+}
 
 // The cross-layer estimator on the reference path (see purekv_estimator.hpp).
 using PureKVEstimator = BasicPureKVEstimator<PureKVOps>;
