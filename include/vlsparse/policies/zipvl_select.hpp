@@ -10,10 +10,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "vlsparse/core/error.hpp"
 #include "vlsparse/core/rng.hpp"
+#include "vlsparse/core/selection.hpp"
+#include "vlsparse/detail/check.hpp"
 #include "vlsparse/kv/kv_cache.hpp"
 #include "vlsparse/policies/zipvl_params.hpp"
 
@@ -69,6 +72,38 @@ inline std::vector<std::int64_t> zipvl_probes(std::int64_t n, std::int64_t layer
     for (std::int64_t i = n - recent; i < n; ++i) out.push_back(i);
     return out;
 }
+
+// The probe positions of a selection: `given` when not empty (checked: sorted, unique, in [0, n)),
+// else zipvl_probes(n, layer, P).
+inline std::vector<std::int64_t> zipvl_probes_or(std::span<const std::int64_t> given, std::int64_t n, std::int64_t layer,
+                                                 const ZipVLParams& P, const char* fn) {
+    if (given.empty()) return zipvl_probes(n, layer, P);
+    detail::check_sorted_unique(given, n, fn, "probes");
+    return {given.begin(), given.end()};
+}
+
+namespace detail {
+
+// The start of zipvl_select on every CPU backend, after its checks (q [n, H, d], k [n, H_kv, d]): the
+// selection's n and heads per group; on a dense layer (layer < P.dense_layers) the whole selection
+// (every token, p = n) and true; otherwise the probes (zipvl_probes_or) and false. The backend then
+// accumulates the probe attention (Eq. 6) and finishes the selection.
+inline bool zipvl_begin_select(ZipVLSelection& r, std::int64_t n, std::int64_t H, std::int64_t Hkv, std::int64_t layer,
+                               const ZipVLParams& P, std::span<const std::int64_t> probes, const char* fn) {
+    r.n = n;
+    const std::int64_t G = P.grouping == ZipVLGrouping::layer ? 1 : Hkv;
+    r.heads_per_group = H / G;
+    if (layer < P.dense_layers) {
+        r.dense = true;
+        r.p.assign(static_cast<std::size_t>(G), n);
+        r.selection = TokenSelection::all(n);
+        return true;
+    }
+    r.probes = zipvl_probes_or(probes, n, layer, P, fn);
+    return false;
+}
+
+}  // namespace detail
 
 // Eviction: the layer's cache keeps the selected positions (nothing is evicted in a dense layer).
 template <ElementType TC>

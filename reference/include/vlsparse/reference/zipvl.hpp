@@ -107,21 +107,8 @@ ZipVLSelection zipvl_select(View3<const TQ> q, View3<const TK> k, const Layout& 
     detail::check_finite(k, fn, "k");
 
     ZipVLSelection r;
-    r.n = n;
-    const std::int64_t G = P.grouping == ZipVLGrouping::layer ? 1 : Hkv;
-    r.heads_per_group = H / G;
-    if (layer < P.dense_layers) {
-        r.dense = true;
-        r.p.assign(static_cast<std::size_t>(G), n);
-        r.selection = TokenSelection::all(n);
-        return r;
-    }
-    if (probes.empty()) {
-        r.probes = zipvl_probes(n, layer, P);
-    } else {
-        detail::check_sorted_unique(probes, n, fn, "probes");
-        r.probes.assign(probes.begin(), probes.end());
-    }
+    if (detail::zipvl_begin_select(r, n, H, Hkv, layer, P, probes, fn)) return r;
+    const std::int64_t G = H / r.heads_per_group;
     const auto np = static_cast<std::int64_t>(r.probes.size());
     std::vector<double> probs(static_cast<std::size_t>(H * np * n));
     probe_attention(q, k, std::span<const std::int64_t>(r.probes), View3<double>(probs.data(), {H, np, n}),
