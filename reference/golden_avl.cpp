@@ -13,7 +13,6 @@
 #include <vlsparse/reference/avl.hpp>
 #include <vlsparse/reference/avl_golden.hpp>
 #include <vlsparse/reference/golden_writer.hpp>
-#include <vlsparse/reference/golden_synthetic.hpp>
 
 namespace fs = std::filesystem;
 using namespace vlsparse;
@@ -27,45 +26,14 @@ struct CaseDef {
     std::uint64_t seed = 1;
 };
 
-// Builds the inputs of a case from seed `seed` and runs the reference; false when a decision margin is
-// below 1e-5 (the relative tolerance of the scores).
-bool try_case(const fs::path& root, const CaseDef& def, std::uint64_t seed);
-
-// The case with the first seed from def.seed (at most 50 tries) whose decisions all have margin >= 1e-5.
-void write_case(const fs::path& root, const CaseDef& def) {
-    for (std::uint64_t s = def.seed; s < def.seed + 50; ++s)
-        if (try_case(root, def, s)) return;
-    throw error("vlsparse-golden", def.name + ": no seed in 50 tries gives decision margins >= 1e-5");
-}
-
+// Builds the inputs of a case from seed `seed` and runs the reference; false (nothing written) when a
+// decision margin is below 1e-5 (the relative tolerance of the scores).
 bool try_case(const fs::path& root, const CaseDef& def, std::uint64_t seed) {
     const Layout layout = Layout::parse(def.layout);
     const std::int64_t n = layout.n();
-    golden::SyntheticParams S;
-    S.n_heads = def.H;
-    S.n_kv_heads = def.Hkv;
-    S.head_dim = def.d;
-    S.seed = seed;
-    const auto L = golden::synthetic_layer(layout, S, 4);
-    auto S2 = S;
-    S2.seed = seed + 1000;
-    const auto D = golden::synthetic_layer(Layout::text_only(def.steps), S2, 4);
     golden::AvlCaseInputs c;
-    c.dtype = def.dtype;
-    c.n = n;
-    c.H = def.H;
-    c.Hkv = def.Hkv;
-    c.d = def.d;
-    c.steps = def.steps;
-    c.layout = layout;
+    golden::synthetic_decode_case(c, def.dtype, layout, def.H, def.Hkv, def.d, def.steps, seed, 4);
     c.params = def.params;
-    auto rounded = [&](const std::vector<float>& x) { return golden::round_to_dtype(def.dtype, x); };
-    c.q = rounded(L.q);
-    c.k = rounded(L.k);
-    c.v = rounded(L.v);
-    c.dq = rounded(D.q);
-    c.dk = rounded(D.k);
-    c.dv = rounded(D.v);
 
     golden::AvlRunInfo info;
     auto outputs = golden::run_avl_case<reference::AvlOps>(c, &info);
@@ -78,17 +46,16 @@ bool try_case(const fs::path& root, const CaseDef& def, std::uint64_t seed) {
     w.input("q", c.q, {n, c.H, c.d}, "prompt queries [n, H, d] (only the last row drives the scores)");
     w.input("k", c.k, {n, c.Hkv, c.d}, "prompt keys [n, H_kv, d]");
     w.input("v", c.v, {n, c.Hkv, c.d}, "prompt values [n, H_kv, d]");
-    w.input("decode_q", c.dq, {c.steps, c.H, c.d}, "decode-step queries [S, H, d]");
-    w.input("decode_k", c.dk, {c.steps, c.Hkv, c.d}, "decode-step keys, appended before each step [S, H_kv, d]");
-    w.input("decode_v", c.dv, {c.steps, c.Hkv, c.d}, "decode-step values [S, H_kv, d]");
-    for (auto& out : outputs) {
-        GoldenTensor t;
-        t.name = out.name;
-        golden::avl_output_metric(out.name).apply(t);
-        w.output(std::move(t), out.array);
-    }
+    w.decode_inputs(c);
+    w.outputs(outputs, golden::avl_output_metric);
     w.finish(def.description + " Synthetic seed " + std::to_string(seed) + ".");
     return true;
+}
+
+// The case with the first seed from def.seed (at most 50 tries) whose decisions all have margin >= 1e-5.
+void write_case(const fs::path& root, const CaseDef& def) {
+    golden::write_first_passing(def.name, def.seed, [&](std::uint64_t s) { return try_case(root, def, s); },
+                                "decision margins >= 1e-5");
 }
 
 std::vector<CaseDef> avl_cases() {

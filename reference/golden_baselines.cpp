@@ -89,30 +89,22 @@ bool try_case(const fs::path& root, const CaseDef& def, std::uint64_t seed) {
         w.input("k", c.k, {c.n, c.Hkv, c.d}, "prompt keys [n, H_kv, d]");
         if (def.steps > 0) {
             w.input("v", c.v, {c.n, c.Hkv, c.d}, "prompt values [n, H_kv, d]");
-            w.input("decode_q", c.dq, {c.steps, c.H, c.d}, "decode-step queries [S, H, d]");
-            w.input("decode_k", c.dk, {c.steps, c.Hkv, c.d}, "decode-step keys, appended before each step [S, H_kv, d]");
-            w.input("decode_v", c.dv, {c.steps, c.Hkv, c.d}, "decode-step values [S, H_kv, d]");
+            w.decode_inputs(c);
         }
     } else if (c.baseline == "streamingllm") {
         w.input_exact("steps", std::vector<std::int64_t>{c.steps}, {1}, "decode steps S");
     } else if (c.baseline == "random") {
         w.input_exact("layer", std::vector<std::int64_t>{c.layer}, {1}, "layer index (the draw uses SplitMix64(seed + layer))");
     }
-    for (auto& out : outputs) {
-        GoldenTensor t;
-        t.name = out.name;
-        golden::baselines_output_metric(out.name).apply(t);
-        w.output(std::move(t), out.array);
-    }
+    w.outputs(outputs, golden::baselines_output_metric);
     w.finish(def.description + (def.attention ? " Input seed " + std::to_string(seed) + "." : std::string()));
     return true;
 }
 
 // The case with the first seed from def.seed (at most 50 tries) whose decisions all have margin >= 1e-5.
 void write_case(const fs::path& root, const CaseDef& def) {
-    for (std::uint64_t s = def.seed; s < def.seed + 50; ++s)
-        if (try_case(root, def, s)) return;
-    throw error("vlsparse-golden", def.name + ": no seed in 50 tries gives decision margins >= 1e-5");
+    golden::write_first_passing(def.name, def.seed, [&](std::uint64_t s) { return try_case(root, def, s); },
+                                "decision margins >= 1e-5");
 }
 
 std::vector<CaseDef> baseline_cases() {

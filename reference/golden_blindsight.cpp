@@ -96,7 +96,7 @@ void write_case(const fs::path& root, const CaseDef& def) {
     if (!c.counts.empty())
         w.input_exact("counts", c.counts, {def.agg_layers * def.agg_heads, 4},
                       "Algorithm 1 tallies per (layer, head), columns Dense, Sink, Document, Document-Sink");
-    const char* what[][2] = {
+    w.outputs(outputs, golden::blindsight_output_metric, {
         {"masks", "expanded masks [4, n, n] (1 = query row may attend key column), templates in code order"},
         {"allowed_pairs", "exact allowed (query, key) pairs per template"},
         {"flops_paper", "Algorithm 3 as printed, FLOPs reduction per template (Dense 0)"},
@@ -105,15 +105,7 @@ void write_case(const fs::path& root, const CaseDef& def) {
         {"nmse", "Algorithm 1 NMSE [H, 4] against the Dense output (column 0 is 0)"},
         {"chosen", "Algorithm 1 template code per head"},
         {"aggregated", "Algorithm 2 template code per (layer, head)"},
-    };
-    for (const auto& o : outputs) {
-        GoldenTensor t;
-        t.name = o.name;
-        for (const auto& wh : what)
-            if (o.name == wh[0]) t.description = wh[1];
-        golden::blindsight_output_metric(o.name).apply(t);
-        w.output(std::move(t), o.array);
-    }
+    });
     w.finish(def.description);
 }
 

@@ -172,7 +172,7 @@ void write_case(const fs::path& root, const CaseDef& def) {
         w.input_exact("x", c.x, {static_cast<std::int64_t>(c.x.size())}, sample);
         w.input_exact("y", c.y, {static_cast<std::int64_t>(c.y.size())}, sample);
     }
-    const char* what[][2] = {
+    w.outputs(outputs, golden::purekv_output_metric, {
         {"masks", "video masks [5, n, n] with the Dense template (1 = query row may attend key column): spatial, "
                   "temporal, spatial_temporal, local_window, atrous (params st_window, st_dilation)"},
         {"allowed_pairs", "exact allowed (query, key) pairs of each video mask"},
@@ -184,15 +184,7 @@ void write_case(const fs::path& root, const CaseDef& def) {
         {"validation_rho", "Spearman rho per layer above l0 and group [L - l0 - 1, G] (Eq. 5-7)"},
         {"validation_p", "two-sided p-value of validation_rho (t approximation, n - w - 2 dof)"},
         {"spearman", "rho and two-sided p-value of (x, y), average ranks for ties"},
-    };
-    for (const auto& o : outputs) {
-        GoldenTensor t;
-        t.name = o.name;
-        for (const auto& entry : what)
-            if (o.name == entry[0]) t.description = entry[1];
-        golden::purekv_output_metric(o.name).apply(t);
-        w.output(std::move(t), o.array);
-    }
+    });
     w.finish(def.description);
 }
 

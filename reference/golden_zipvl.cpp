@@ -15,7 +15,6 @@
 #include <vlsparse/reference/golden_writer.hpp>
 #include <vlsparse/reference/zipvl.hpp>
 #include <vlsparse/reference/zipvl_golden.hpp>
-#include <vlsparse/reference/golden_synthetic.hpp>
 
 namespace fs = std::filesystem;
 using namespace vlsparse;
@@ -57,47 +56,14 @@ double decision_margin(const ZipVLSelection& s, const ZipVLParams& P, bool allow
 
 // Writes the case from synthetic seed `seed`; false (nothing written) when its decision margins are below
 // 1e-5 or the case's own requirement does not hold.
-bool try_case(const fs::path& root, const CaseDef& def, std::uint64_t seed);
-
-// The case with the first synthetic seed from def.seed (at most 50 tries) that passes.
-void write_case(const fs::path& root, const CaseDef& def) {
-    for (std::uint64_t s = def.seed; s < def.seed + 50; ++s)
-        if (try_case(root, def, s)) return;
-    throw error("vlsparse-golden", def.name + ": no seed in 50 tries gives decision margins >= 1e-5 (and the case's requirement)");
-}
-
 bool try_case(const fs::path& root, const CaseDef& def, std::uint64_t seed) {
     const Layout layout = Layout::parse(def.layout);
     const std::int64_t n = layout.n();
-    golden::SyntheticParams S;
-    S.n_heads = def.H;
-    S.n_kv_heads = def.Hkv;
-    S.head_dim = def.d;
-    S.seed = seed;
-    const auto L = golden::synthetic_layer(layout, S, def.layer);
-    const auto D = golden::synthetic_layer(Layout::text_only(def.steps), [&] {
-        auto s2 = S;
-        s2.seed = seed + 1000;
-        return s2;
-    }(), def.layer);
-
     golden::ZipVLCaseInputs c;
-    c.dtype = def.dtype;
-    c.n = n;
-    c.H = def.H;
-    c.Hkv = def.Hkv;
-    c.d = def.d;
+    golden::synthetic_decode_case(c, def.dtype, layout, def.H, def.Hkv, def.d, def.steps, seed, def.layer);
     c.layer = def.layer;
-    c.steps = def.steps;
-    c.layout = layout;
     c.params = def.params;
-    auto rounded = [&](const std::vector<float>& x) { return golden::round_to_dtype(def.dtype, x); };
-    c.q = def.uniform_q ? std::vector<float>(L.q.size(), 0.0f) : rounded(L.q);
-    c.k = rounded(L.k);
-    c.v = rounded(L.v);
-    c.dq = rounded(D.q);
-    c.dk = rounded(D.k);
-    c.dv = rounded(D.v);
+    if (def.uniform_q) c.q.assign(c.q.size(), 0.0f);
 
     // Margin check on the reference's own decisions.
     {
@@ -128,17 +94,16 @@ bool try_case(const fs::path& root, const CaseDef& def, std::uint64_t seed) {
     w.input("v", c.v, {n, c.Hkv, c.d}, "values [n, H_kv, d]");
     w.input_exact("layer", std::vector<std::int64_t>{c.layer}, {1},
                   "layer index passed to zipvl_select (probe seed = params.seed + layer)");
-    w.input("decode_q", c.dq, {c.steps, c.H, c.d}, "decode-step queries [S, H, d]");
-    w.input("decode_k", c.dk, {c.steps, c.Hkv, c.d}, "decode-step keys, appended before each step [S, H_kv, d]");
-    w.input("decode_v", c.dv, {c.steps, c.Hkv, c.d}, "decode-step values [S, H_kv, d]");
-    for (auto& out : golden::run_zipvl_case<reference::ZipVLOps>(c)) {
-        GoldenTensor t;
-        t.name = out.name;
-        golden::zipvl_output_metric(out.name).apply(t);
-        w.output(std::move(t), out.array);
-    }
+    w.decode_inputs(c);
+    w.outputs(golden::run_zipvl_case<reference::ZipVLOps>(c), golden::zipvl_output_metric);
     w.finish(def.description + (seed != def.seed ? " Synthetic seed " + std::to_string(seed) + "." : std::string()));
     return true;
+}
+
+// The case with the first synthetic seed from def.seed (at most 50 tries) that passes.
+void write_case(const fs::path& root, const CaseDef& def) {
+    golden::write_first_passing(def.name, def.seed, [&](std::uint64_t s) { return try_case(root, def, s); },
+                                "decision margins >= 1e-5 (and the case's requirement)");
 }
 
 std::vector<CaseDef> zipvl_cases() {

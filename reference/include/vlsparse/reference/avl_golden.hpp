@@ -23,7 +23,7 @@
 #include "vlsparse/kv/kv_cache.hpp"
 #include "vlsparse/policies/avl_select.hpp"
 #include "vlsparse/policies/avl_schedule.hpp"
-#include "vlsparse/reference/zipvl_golden.hpp"
+#include "vlsparse/reference/golden_case.hpp"
 
 namespace vlsparse {
 
@@ -39,27 +39,11 @@ struct AvlCaseInputs {
 
 inline AvlCaseInputs read_avl_inputs(const std::filesystem::path& dir, GoldenManifest* manifest = nullptr) {
     constexpr const char* fn = "read_avl_inputs";
-    const GoldenManifest m = read_manifest(dir);
-    ::vlsparse::detail::require(m.algorithm == "avl", fn, dir.string(), ": algorithm '", m.algorithm, "', expected 'avl'");
+    const GoldenManifest m = detail::read_case_manifest(dir, "avl", fn);
     AvlCaseInputs c;
     c.params = avl_params_from_json(m.params, "params.");
     c.layout = Layout::parse(m.layout);
-    const auto& tq = m.input("q");
-    const auto& tk = m.input("k");
-    ::vlsparse::detail::require(tq.shape.size() == 3 && tk.shape.size() == 3, fn, dir.string(), ": q and k must have rank 3");
-    c.dtype = tq.dtype;
-    c.n = tq.shape[0];
-    c.H = tq.shape[1];
-    c.d = tq.shape[2];
-    c.Hkv = tk.shape[1];
-    auto load = [&](const char* name) { return read_tensor_f32(dir, m.input(name)); };
-    c.q = load("q");
-    c.k = load("k");
-    c.v = load("v");
-    c.dq = load("decode_q");
-    c.dk = load("decode_k");
-    c.dv = load("decode_v");
-    c.steps = m.input("decode_q").shape.at(0);
+    detail::read_decode_case_inputs(dir, m, c, fn);
     if (manifest) *manifest = m;
     return c;
 }

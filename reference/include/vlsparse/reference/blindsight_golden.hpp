@@ -23,7 +23,7 @@
 #include "vlsparse/masks/flops.hpp"
 #include "vlsparse/masks/templates.hpp"
 #include "vlsparse/policies/blindsight_select.hpp"
-#include "vlsparse/reference/zipvl_golden.hpp"
+#include "vlsparse/reference/golden_case.hpp"
 
 namespace vlsparse::golden {
 
@@ -42,7 +42,7 @@ struct BlindSightOutput {
     NpyArray array;
 };
 
-// metric, tolerances of each output (what a port must meet; zipvl_golden.hpp, OutputMetric).
+// metric, tolerances of each output (what a port must meet; golden_case.hpp, OutputMetric).
 inline OutputMetric blindsight_output_metric(const std::string& name) {
     if (name == "masked_out") return attention_metric();
     if (name == "nmse") return score_metric();  // Algorithm 1's NMSE values, rel like scores

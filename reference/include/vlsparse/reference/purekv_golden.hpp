@@ -31,7 +31,7 @@
 #include "vlsparse/masks/flops.hpp"
 #include "vlsparse/masks/templates.hpp"
 #include "vlsparse/policies/purekv_select.hpp"
-#include "vlsparse/reference/zipvl_golden.hpp"
+#include "vlsparse/reference/golden_case.hpp"
 
 namespace vlsparse::golden {
 
@@ -44,9 +44,9 @@ struct PureKVCaseInputs {
     std::vector<double> x, y;            // Spearman inputs (empty: none)
 };
 
-using PureKVOutput = NamedArray;  // one named output tensor (zipvl_golden.hpp)
+using PureKVOutput = NamedArray;  // one named output tensor (golden_case.hpp)
 
-// metric, tolerances of each output (what a port must meet; zipvl_golden.hpp, OutputMetric).
+// metric, tolerances of each output (what a port must meet; golden_case.hpp, OutputMetric).
 inline OutputMetric purekv_output_metric(const std::string& name) {
     if (name == "scores_l0" || name == "v_norm" || name == "importance") return score_metric();
     if (name == "validation_rho" || name == "validation_p") return {"rel", 1e-9, {}};
@@ -136,9 +136,7 @@ std::vector<PureKVOutput> run_purekv_case(const PureKVCaseInputs& c) {
 // Reads a case's inputs (and its manifest into *m_out when given).
 inline PureKVCaseInputs read_purekv_inputs(const std::filesystem::path& dir, GoldenManifest* m_out = nullptr) {
     constexpr const char* fn = "read_purekv_inputs";
-    const GoldenManifest m = read_manifest(dir);
-    ::vlsparse::detail::require(m.algorithm == "purekv", fn, dir.string(), ": algorithm '", m.algorithm,
-                                "', expected 'purekv'");
+    const GoldenManifest m = detail::read_case_manifest(dir, "purekv", fn);
     PureKVCaseInputs c;
     c.layout = Layout::parse(m.layout);
     c.params = purekv_params_from_json(m.params, "params.");
