@@ -346,7 +346,7 @@ TEST_CASE("cuda zipvl: options (ratios, given probes, keep_last, keep_text, dens
         run_case<bfloat16, bfloat16>(c, sel);
     }
     for (int grouping = 0; grouping < 2; ++grouping) {
-        ZCase c;  // n past what the ranking keeps in shared memory (32000): the scores read from L2
+        ZCase c;  // n ranked by a team of blocks (a cluster on sm_90), each slice from shared memory
         c.n = 40000;
         c.H = 4;
         c.Hkv = 2;
@@ -354,6 +354,32 @@ TEST_CASE("cuda zipvl: options (ratios, given probes, keep_last, keep_text, dens
         c.P.probe_recent = 32;
         c.P.probe_random = 32;
         c.P.tau = 0.8;
+        c.P.grouping = grouping ? ZipVLGrouping::kv_head : ZipVLGrouping::layer;
+        c.seed = ++seed;
+        run_case<bfloat16, bfloat16>(c, sel);
+    }
+    {
+        ZCase c;  // slices past what a block keeps in shared memory (about 31000 scores): read from L2
+        c.n = 300000;
+        c.H = 2;
+        c.Hkv = 1;
+        c.d = 64;
+        c.P.probe_recent = 16;
+        c.P.probe_random = 16;
+        c.P.tau = 0.8;
+        c.seed = ++seed;
+        run_case<bfloat16, bfloat16>(c, sel);
+    }
+    for (int grouping = 0; grouping < 2; ++grouping) {
+        ZCase c;  // q = 0: runs of exactly tied scores between probes, cut across a team's slices
+        c.n = 20000;
+        c.H = 4;
+        c.Hkv = 2;
+        c.d = 64;
+        c.qscale = 0.0;
+        c.P.probe_recent = 8;
+        c.P.probe_random = 24;
+        c.P.tau = 0.6;
         c.P.grouping = grouping ? ZipVLGrouping::kv_head : ZipVLGrouping::layer;
         c.seed = ++seed;
         run_case<bfloat16, bfloat16>(c, sel);

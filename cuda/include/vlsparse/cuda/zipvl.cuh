@@ -203,7 +203,6 @@ public:
         f.status = status_d;
         f.fixed_p = P.ratio == ZipVLRatio::fixed ? static_cast<int>(zipvl_fixed_count(n, P.fixed_ratio)) : 0;
         f.rank_accumulated = P.ranking == ZipVLRanking::accumulated;
-        f.cached = n <= detail::kSelectCacheMax ? static_cast<int>(n) : 0;
         // One group (layer-wise): the kernel writes the final list and indptr itself.
         if (G == 1) {
             f.lists = idx_d;
@@ -213,12 +212,9 @@ public:
         detail::check_launch(fn, "zipvl_scores_kernel");
         {
             auto* kf = detail::zipvl_finish_kernel<>;
-            const cudaError_t attr = cudaFuncSetAttribute(
-                kf, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(detail::select_smem_bytes(detail::kSelectCacheMax)));
-            detail::check_cuda(attr, fn, "cudaFuncSetAttribute");
-            kf<<<static_cast<unsigned>(G), detail::kSelectThreads, detail::select_smem_bytes(f.cached), stream>>>(f);
+            detail::SelectLaunch L = detail::plan_select_launch(kf, n, fn);
+            detail::launch_select_kernel(kf, static_cast<int>(G), L, stream, f, fn, "zipvl_finish_kernel");
         }
-        detail::check_launch(fn, "zipvl_finish_kernel");
         if (G > 1) {
             const dim3 pgrid(static_cast<unsigned>(G), static_cast<unsigned>((n + detail::kPackSpan - 1) / detail::kPackSpan));
             detail::pack_lists_kernel<><<<pgrid, 256, 0, stream>>>(lists_d, cnt_d, static_cast<int>(n), static_cast<int>(G),

@@ -126,13 +126,17 @@ __global__ void init_keep_kernel(std::uint8_t* keep, int G, int n, int f_lo, int
     }
 }
 
-// One task per block: marks the top k of the task's eligible scores (ties: lower position first).
+// One task per team (grid: tasks x team size; the team a cluster or one block, see select.cuh): marks
+// the top k of the task's eligible scores (ties: lower position first). Each block of the team reads
+// and marks its slice of the task's positions.
 template <int Unused = 0>
 __global__ void __launch_bounds__(kSelectThreads) mark_topk_kernel(const __grid_constant__ MarkArgs a) {
     __shared__ RadixShared sh;
     __shared__ int s_count, s_bad;
     extern __shared__ __align__(16) unsigned char mark_dyn[];
-    const RankTask t = a.tasks ? a.tasks[blockIdx.x] : a.inline_tasks[blockIdx.x];
+    const RadixTeam team = RadixTeam::current();
+    const int ti = static_cast<int>(blockIdx.x) / team.size;
+    const RankTask t = a.tasks ? a.tasks[ti] : a.inline_tasks[ti];
     if (threadIdx.x == 0) {
         sh.wh = reinterpret_cast<RadixWarpHist*>(mark_dyn);
         s_count = 0;
@@ -140,12 +144,13 @@ __global__ void __launch_bounds__(kSelectThreads) mark_topk_kernel(const __grid_
     }
     __syncthreads();
     const int len = t.hi - t.lo;
+    const int lo = team.slice_lo(len), hi = team.slice_hi(len);
     const float* base = a.scores + static_cast<std::int64_t>(t.group) * a.stride + t.lo;
     const std::uint8_t* el = a.eligible ? a.eligible + t.lo : nullptr;
     std::uint8_t* keep = a.keep + static_cast<std::int64_t>(t.group) * a.n + t.lo;
     int cnt = 0;
     bool bad = false;
-    for (int j = threadIdx.x; j < len; j += blockDim.x) {
+    for (int j = lo + static_cast<int>(threadIdx.x); j < hi; j += blockDim.x) {
         if (el && !el[j]) continue;
         const float x = base[j];
         ++cnt;
@@ -154,32 +159,38 @@ __global__ void __launch_bounds__(kSelectThreads) mark_topk_kernel(const __grid_
     if (cnt) atomicAdd(&s_count, cnt);
     if (bad) atomicOr(&s_bad, 1);
     __syncthreads();
-    if (s_bad) {
-        if (threadIdx.x == 0) atomicOr(a.status, kScoreBad);
+    // The team's totals (every block takes the same branches below).
+    int m = 0, any_bad = 0;
+    team_exclusive_sum(sh, team, 0, s_count, m);
+    team_exclusive_sum(sh, team, 1, s_bad, any_bad);
+    if (any_bad) {
+        if (threadIdx.x == 0 && team.rank == 0) atomicOr(a.status, kScoreBad);
+        team.sync();
         return;
     }
-    const int m = s_count, k = min(t.k, m);
-    if (k <= 0) return;
-    if (k >= m) {
-        for (int j = threadIdx.x; j < len; j += blockDim.x)
-            if (!el || el[j]) keep[j] = 1;
+    const int k = min(t.k, m);
+    if (k <= 0 || k >= m) {
+        if (k > 0)
+            for (int j = lo + static_cast<int>(threadIdx.x); j < hi; j += blockDim.x)
+                if (!el || el[j]) keep[j] = 1;
+        team.sync();
         return;
     }
-    // Tasks of up to kSelectCacheMax positions are ranked from shared memory (-1: not eligible), the
-    // others from global memory.
+    // Slices of up to a.cached positions are ranked from shared memory (-1: not eligible), longer ones
+    // from global memory.
     float* cache = reinterpret_cast<float*>(mark_dyn + sizeof(RadixWarpHist));
-    const bool cached = len <= a.cached;
+    const bool cached = hi - lo <= a.cached;
     if (cached) {
-        for (int j = threadIdx.x; j < len; j += blockDim.x) cache[j] = el && !el[j] ? -1.0f : base[j];
+        for (int j = lo + static_cast<int>(threadIdx.x); j < hi; j += blockDim.x) cache[j - lo] = el && !el[j] ? -1.0f : base[j];
         __syncthreads();
     }
-    auto score = [&](int j) { return cached ? cache[j] : (el && !el[j] ? -1.0f : base[j]); };
+    auto score = [&](int j) { return cached ? cache[j - lo] : (el && !el[j] ? -1.0f : base[j]); };
     unsigned vkey = 0;
-    int need = 0, eq_count = 0;
-    block_topk_threshold(sh, score, len, k, vkey, need, eq_count);
+    int need = 0, eq_count = 0, eq_before = 0;
+    block_topk_threshold(sh, team, score, len, k, vkey, need, eq_count, eq_before);
     const bool ranked = need < eq_count;
     block_compact(
-        sh, len, ranked,
+        sh, lo, hi, ranked,
         [&](int j) {
             const float x = score(j);
             return x >= 0.0f && score_key(x) == vkey;
@@ -191,7 +202,8 @@ __global__ void __launch_bounds__(kSelectThreads) mark_topk_kernel(const __grid_
             if (key > vkey || (key == vkey && (!ranked || (tie && rank < need)))) keep[j] = 1;
             return false;  // nothing written by block_compact itself
         },
-        static_cast<std::int32_t*>(nullptr));
+        static_cast<std::int32_t*>(nullptr), eq_before);
+    team.sync();  // no block leaves while another may still read its shared memory
 }
 
 // Group g's kept positions (keep[g][j] != 0) into lists + g * n, ascending; count[g]. One block per group.
@@ -203,7 +215,7 @@ __global__ void __launch_bounds__(kSelectThreads) keep_lists_kernel(const std::u
     const std::uint8_t* kg = keep + static_cast<std::int64_t>(g) * n;
     std::int32_t* out = lists + static_cast<std::int64_t>(g) * n;
     const int c = block_compact(
-        sh, n, false, [](int) { return false; }, [&](int j, bool, int) { return kg[j] != 0; }, out);
+        sh, 0, n, false, [](int) { return false; }, [&](int j, bool, int) { return kg[j] != 0; }, out);
     if (threadIdx.x == 0) {
         count[g] = c;
         if (indptr && gridDim.x == 1) {
@@ -297,18 +309,11 @@ public:
         a.n = static_cast<int>(n_);
         a.keep = keep_;
         a.status = status_;
-        // Set on every launch, never cached in a function-local static: this function is inline, so one
-        // static would serve every translation unit of a program while each has its own copy of the kernel
-        // (and the attribute is per device).
         std::int32_t longest = 0;
         for (const auto& t : tasks_) longest = std::max(longest, t.hi - t.lo);
-        a.cached = longest <= kSelectCacheMax ? longest : 0;
         auto* k = mark_topk_kernel<>;
-        const cudaError_t attr = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                      static_cast<int>(select_smem_bytes(kSelectCacheMax)));
-        check_cuda(attr, fn, "cudaFuncSetAttribute");
-        k<<<static_cast<unsigned>(tasks_.size()), kSelectThreads, select_smem_bytes(a.cached), stream>>>(a);
-        check_launch(fn, "mark_topk_kernel");
+        SelectLaunch L = plan_select_launch(k, longest, fn);
+        launch_select_kernel(k, static_cast<int>(tasks_.size()), L, stream, a, fn, "mark_topk_kernel");
         tasks_.clear();
     }
 

@@ -111,6 +111,8 @@ void launch_probe_mma(ProbeArgs& a, cudaStream_t stream, const char* fn) {
         auto* k1 = probe_cols_mma_kernel<T, D, true>;
         const cudaError_t attr = cudaFuncSetAttribute(k1, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
         check_cuda(attr, fn, "cudaFuncSetAttribute");
+        check_cuda(cudaFuncSetAttribute(k1, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared), fn,
+                   "cudaFuncSetAttribute");
         k1<<<grid, kProbeThreads, shm, stream>>>(a);
         check_launch(fn, "probe_cols_mma_kernel (pass 1)");
     }
@@ -123,6 +125,8 @@ void launch_probe_mma(ProbeArgs& a, cudaStream_t stream, const char* fn) {
         auto* k2 = probe_cols_mma_kernel<T, D, false>;
         const cudaError_t attr = cudaFuncSetAttribute(k2, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
         check_cuda(attr, fn, "cudaFuncSetAttribute");
+        check_cuda(cudaFuncSetAttribute(k2, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared), fn,
+                   "cudaFuncSetAttribute");
         k2<<<grid, kProbeThreads, shm, stream>>>(a);
         check_launch(fn, "probe_cols_mma_kernel (pass 2)");
     }

@@ -203,6 +203,10 @@ constexpr int probe_stage_bytes() {
     return (D / 16) * 32 * 16 + 16 * 4 + 16 * 4;
 }
 inline constexpr int kProbeStages = 8;  // chunks in flight: an iteration is short, L2 latency is not
+// Blocks per multiprocessor the kernel is compiled for (registers <= 65536 / (128 x 5) = 102; the
+// launcher asks for the shared-memory carveout that holds them): the loop is latency-bound, so more
+// resident warps hide more of it.
+inline constexpr int kProbeBlocksPerSM = 5;
 
 template <class T, int D>
 constexpr std::size_t probe_cols_smem_bytes() {
@@ -220,7 +224,7 @@ constexpr std::size_t probe_cols_smem_bytes() {
 //   else:  per key, the sum over the rows of 2^(c s - lse[row])       -> col[g, key].
 // Every sum runs in a fixed order (rows in chunk order, lanes and warps by fixed trees).
 template <class T, int D, bool Pass1>
-__global__ void __launch_bounds__(kProbeThreads) probe_cols_mma_kernel(const __grid_constant__ ProbeArgs a) {
+__global__ void __launch_bounds__(kProbeThreads, kProbeBlocksPerSM) probe_cols_mma_kernel(const __grid_constant__ ProbeArgs a) {
     constexpr int KS = D / 16, NT = 4, ST = kProbeStages, SB = probe_stage_bytes<D>();
     static_assert(D == 64 || D == 128, "tensor-core probe scores take head dims padded to 64 or 128");
     extern __shared__ __align__(16) unsigned char smem[];
@@ -294,36 +298,49 @@ __global__ void __launch_bounds__(kProbeThreads) probe_cols_mma_kernel(const __g
     const int z = blockIdx.z, R = a.rsplit;
     const int n_active = per_head * a.qpk;
     const int n_mine = n_active > z ? (n_active - z + R - 1) / R : 0;  // this block's: t = z + i R
-    auto chunk_of = [&](int i) {
-        const int t = z + i * R;
-        return (t / per_head) * a.npc + first + t % per_head;
+    // This block's i-th chunk is t = z + i R of the active ones: query head t / per_head, its chunk
+    // first + t % per_head. Two cursors walk that sequence without divisions in the loop: one for the
+    // copies (ST - 1 chunks ahead), one for the chunk being computed.
+    struct Cursor {
+        int head, c;  // chunk index = head * npc + first + c
+        __device__ void advance(int R, int per_head) {
+            c += R;
+            while (c >= per_head) {
+                c -= per_head;
+                ++head;
+            }
+        }
     };
-
+    Cursor issue_at{z / max(per_head, 1), z % max(per_head, 1)}, compute_at = issue_at;
+    const int npc = a.npc;
     auto issue = [&](int i) {
         if (i < n_mine) {
-            const int ch = chunk_of(i);
+            const int cc = first + issue_at.c;
+            const int ch = issue_at.head * npc + cc;
             unsigned char* dst = smem + (i % ST) * SB;
             const uint4* src = a.qpack + (static_cast<std::int64_t>(g) * chunks + ch) * KS * 32;
             for (int i = tid; i < KS * 32; i += kProbeThreads) copy16_async(dst + i * 16, src + i);
             if (!Pass1 && tid < 4) copy16_async(dst + KS * 512 + tid * 16, a.lse + g * rows + ch * 16 + tid * 4);
-            else if (tid >= 4 && tid < 8) copy16_async(dst + KS * 512 + 64 + (tid - 4) * 16, a.pos + (ch % a.npc) * 16 + (tid - 4) * 4);
+            else if (tid >= 4 && tid < 8) copy16_async(dst + KS * 512 + 64 + (tid - 4) * 16, a.pos + cc * 16 + (tid - 4) * 4);
+            issue_at.advance(R, per_head);
         }
         copy_commit();
     };
 #pragma unroll
     for (int s = 0; s < ST - 1; ++s) issue(s);
 
-    // Pass 1: chunk t - 1's four per-warp statistics merged (fixed warp order) and written.
-    auto flush_stats = [&](int t) {
+    // Pass 1: the previous chunk's four per-warp statistics merged (fixed warp order) and written.
+    auto flush_stats = [&](int t, int ch) {
         if (tid < 16) {
             const float2* w = wst + (t & 1) * 64;
             float m = -INFINITY, l = 0.0f;
 #pragma unroll
             for (int v = 0; v < 4; ++v) merge_ml(m, l, w[v * 16 + tid].x, w[v * 16 + tid].y);
-            const std::int64_t row = static_cast<std::int64_t>(g) * rows + chunk_of(t) * 16 + tid;
+            const std::int64_t row = static_cast<std::int64_t>(g) * rows + ch * 16 + tid;
             a.part[row * ncb + blockIdx.x] = make_float2(m, l);
         }
     };
+    int prev_chunk = 0;
 
     float acc[NT][2];
 #pragma unroll
@@ -332,7 +349,11 @@ __global__ void __launch_bounds__(kProbeThreads) probe_cols_mma_kernel(const __g
         copy_wait<ST - 2>();
         __syncthreads();
         issue(t + ST - 1);
-        if (Pass1 && t > 0) flush_stats(t - 1);
+        if (Pass1 && t > 0) flush_stats(t - 1, prev_chunk);
+        if (Pass1) {
+            prev_chunk = compute_at.head * npc + first + compute_at.c;
+            compute_at.advance(R, per_head);
+        }
         const unsigned char* cs = smem + (t % ST) * SB;
         const uint4* af = reinterpret_cast<const uint4*>(cs);
         const float* lse = reinterpret_cast<const float*>(cs + KS * 512);
@@ -425,7 +446,7 @@ __global__ void __launch_bounds__(kProbeThreads) probe_cols_mma_kernel(const __g
     copy_wait<0>();
     if constexpr (Pass1) {
         __syncthreads();
-        if (n_mine > 0) flush_stats(n_mine - 1);
+        if (n_mine > 0) flush_stats(n_mine - 1, prev_chunk);
     } else {
         // Sum over the 8 row groups (lanes with the same tq), then lanes 0..3 write their 8 keys.
 #pragma unroll

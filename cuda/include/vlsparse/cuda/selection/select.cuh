@@ -7,9 +7,12 @@
 //                         the library's one ranking order (score descending, position ascending)
 //   block_compact:        the kept positions, ascending, as one list
 //
-// All three run in one thread block over one score vector (one group, one sequence), by radix
-// selection over the bits of non-negative fp32 scores (whose bit patterns order like the values):
-// four passes of 8-bit digits, each a shared-memory histogram. Masses are summed in 64-bit fixed point
+// All three run over one score vector (one group, one sequence) in a RadixTeam: one thread block, or on
+// Hopper a thread-block cluster of up to 8 blocks, each ranking a contiguous slice of the positions
+// and adding its histograms to the others' through distributed shared memory (so one vector is ranked
+// by up to 8 multiprocessors instead of one). Radix selection over the bits of non-negative fp32
+// scores (whose bit patterns order like the values): four passes of 8-bit digits, each a
+// shared-memory histogram. Masses are summed in 64-bit fixed point
 // (integer additions are associative, so the result does not depend on the order in which threads
 // add), counts in integers: the same input gives the same output on every run. Each thread folds runs
 // of equal digits before touching shared memory, so the first passes, where nearly every score shares
@@ -18,12 +21,56 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
 #include "vlsparse/cuda/common.cuh"
 
 namespace vlsparse::cuda::detail {
+
+// The thread blocks that rank one score vector together: a thread-block cluster (sm_90 and later,
+// launched with a cluster dimension by launch_select_kernel) or a single block. Block `rank` of
+// `size` owns the positions [slice_lo, slice_hi) of a vector of n (contiguous slices of
+// team_slice(n, size), the same split the host sizes the shared-memory cache by).
+inline constexpr int kMaxTeam = 8;  // the portable cluster size
+__host__ __device__ constexpr int team_slice(int n, int size) { return ((n + size - 1) / size + 31) / 32 * 32; }
+
+struct RadixTeam {
+    int rank = 0, size = 1;
+
+    __device__ static RadixTeam current() {
+        RadixTeam t;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        t.rank = static_cast<int>(__clusterRelativeBlockRank());
+        t.size = static_cast<int>(__clusterSizeInBlocks());
+#endif
+        return t;
+    }
+    __device__ int slice_lo(int n) const { return min(n, rank * team_slice(n, size)); }
+    __device__ int slice_hi(int n) const { return min(n, (rank + 1) * team_slice(n, size)); }
+    // Every thread of every block of the team; shared-memory writes before it are visible to the
+    // team's reads after it (the cluster barrier has release / acquire semantics).
+    __device__ void sync() const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        if (size > 1) {
+            __cluster_barrier_arrive();  // release
+            __cluster_barrier_wait();    // acquire
+            return;
+        }
+#endif
+        __syncthreads();
+    }
+    // The same shared-memory object in block r of the team.
+    template <class T>
+    __device__ T* peer(T* p, int r) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        if (size > 1) return static_cast<T*>(__cluster_map_shared_rank(p, static_cast<unsigned>(r)));
+#endif
+        (void)r;
+        return p;
+    }
+};
 
 inline constexpr int kSelectThreads = 1024;
 
@@ -44,9 +91,13 @@ constexpr std::size_t select_smem_bytes(int cached) {
 }
 
 struct RadixShared {
-    RadixWarpHist* wh;  // the per-warp histograms
-    unsigned cnt[256];  // merged over the warps
-    unsigned long long mass[256];
+    RadixWarpHist* wh;     // the per-warp histograms
+    unsigned cnt[2][256];  // this block's histogram (merged over its warps), by pass parity: a team's
+    unsigned long long mass[2][256];  // other blocks read it until the next pass's barrier
+    unsigned tcnt[256];    // summed over the team: what the bins are picked from
+    unsigned long long tmass[256];
+    int xchg[4];           // values a block publishes to its team (team_exclusive_sum, one slot each)
+    int xres[2];
     unsigned prefix, mask;
     unsigned above_cnt;
     unsigned long long above_mass;
@@ -64,18 +115,22 @@ __device__ __forceinline__ unsigned long long fixed_mass(float x, double F) {
     return x > 0.0f ? static_cast<unsigned long long>(static_cast<double>(x) * F + 0.5) : 0ull;
 }
 
-// Histogram pass: digit (key >> shift) & 255 of every key matching sh.prefix under sh.mask, into
-// sh.cnt / sh.mass (merged from the per-warp histograms in warp order: integers, so exact anyway).
+// Histogram pass: digit (key >> shift) & 255 of every key in [lo, hi) matching sh.prefix under
+// sh.mask, into sh.cnt[P] / sh.mass[P] (this block's, merged from the per-warp histograms), then the
+// team's sums into sh.tcnt / sh.tmass (integers: exact in any order). P = the pass's parity: a team's
+// blocks read each other's buffer P until the barrier of the next pass, which writes the other one.
 template <bool Mass, class Score>
-__device__ void radix_hist(RadixShared& sh, const Score& score, int n, int shift, double F) {
+__device__ void radix_hist(RadixShared& sh, const RadixTeam& team, const Score& score, int lo, int hi, int shift,
+                           double F) {
     const int warp = threadIdx.x >> 5;
+    const int P = (shift >> 3) & 1;
     for (int i = threadIdx.x; i < kSelectWarps * 256; i += blockDim.x) {
         (&sh.wh->cnt[0][0])[i] = 0;
         if (Mass) (&sh.wh->mass[0][0])[i] = 0;
     }
     for (int b = threadIdx.x; b < 256; b += blockDim.x) {
-        sh.cnt[b] = 0;
-        sh.mass[b] = 0;
+        sh.cnt[P][b] = 0;
+        sh.mass[P][b] = 0;
     }
     __syncthreads();
     unsigned* wc = sh.wh->cnt[warp];
@@ -88,10 +143,10 @@ __device__ void radix_hist(RadixShared& sh, const Score& score, int n, int shift
     // runs of equal digits are folded in registers before they touch shared memory.
     constexpr int U = 4;
     const int step = static_cast<int>(blockDim.x);
-    for (int j0 = threadIdx.x; j0 < n; j0 += U * step) {
+    for (int j0 = lo + static_cast<int>(threadIdx.x); j0 < hi; j0 += U * step) {
         float xs[U];
 #pragma unroll
-        for (int u = 0; u < U; ++u) xs[u] = j0 + u * step < n ? score(j0 + u * step) : -1.0f;
+        for (int u = 0; u < U; ++u) xs[u] = j0 + u * step < hi ? score(j0 + u * step) : -1.0f;
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             if (xs[u] < 0.0f) continue;  // past the end (scores are >= 0)
@@ -126,10 +181,47 @@ __device__ void radix_hist(RadixShared& sh, const Score& score, int n, int shift
             tc += sh.wh->cnt[w][b];
             if (Mass) tm += sh.wh->mass[w][b];
         }
-        if (tc) atomicAdd(&sh.cnt[b], tc);
-        if (Mass && tm) atomicAdd(&sh.mass[b], tm);
+        if (tc) atomicAdd(&sh.cnt[P][b], tc);
+        if (Mass && tm) atomicAdd(&sh.mass[P][b], tm);
+    }
+    team.sync();
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) {
+        unsigned tc = 0;
+        unsigned long long tm = 0;
+        for (int r = 0; r < team.size; ++r) {
+            tc += *team.peer(&sh.cnt[P][b], r);
+            if (Mass) tm += *team.peer(&sh.mass[P][b], r);
+        }
+        sh.tcnt[b] = tc;
+        sh.tmass[b] = tm;
     }
     __syncthreads();
+}
+
+// The team's exclusive prefix of one int per block (slot: a distinct one per use in a kernel, so that
+// no block overwrites what another may still read); `total` the team's sum. Every thread gets both.
+__device__ __forceinline__ int team_exclusive_sum(RadixShared& sh, const RadixTeam& team, int slot, int x, int& total) {
+    if (team.size == 1) {
+        total = x;
+        return 0;
+    }
+    if (threadIdx.x == 0) sh.xchg[slot] = x;
+    team.sync();
+    if (threadIdx.x == 0) {
+        int before = 0, all = 0;
+        for (int r = 0; r < team.size; ++r) {
+            const int v = *team.peer(&sh.xchg[slot], r);
+            if (r < team.rank) before += v;
+            all += v;
+        }
+        sh.xres[0] = before;
+        sh.xres[1] = all;
+    }
+    __syncthreads();
+    total = sh.xres[1];
+    const int before = sh.xres[0];
+    __syncthreads();  // (xres is rewritten by the next exchange)
+    return before;
 }
 
 // One warp picks the bin where the running total (from the highest bin down, starting at what lies
@@ -144,8 +236,8 @@ __device__ void pick_bin(RadixShared& sh, double target, unsigned k, int shift) 
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
         const int b = 255 - 8 * lane - i;
-        c += sh.cnt[b];
-        if (Mass) m += sh.mass[b];
+        c += sh.tcnt[b];
+        if (Mass) m += sh.tmass[b];
     }
     unsigned ci = c;
     unsigned long long mi = m;
@@ -172,13 +264,13 @@ __device__ void pick_bin(RadixShared& sh, double target, unsigned k, int shift) 
         int chosen = 255 - 8 * lane - 7;
         for (int i = 0; i < 8; ++i) {
             const int b = 255 - 8 * lane - i;
-            const bool here = Mass ? static_cast<double>(cum_m + sh.mass[b]) >= target : cum_c + sh.cnt[b] >= k;
+            const bool here = Mass ? static_cast<double>(cum_m + sh.tmass[b]) >= target : cum_c + sh.tcnt[b] >= k;
             if (here) {
                 chosen = b;
                 break;
             }
-            cum_c += sh.cnt[b];
-            if (Mass) cum_m += sh.mass[b];
+            cum_c += sh.tcnt[b];
+            if (Mass) cum_m += sh.tmass[b];
         }
         sh.prefix |= static_cast<unsigned>(chosen) << shift;
         sh.mask |= 255u << shift;
@@ -190,8 +282,11 @@ __device__ void pick_bin(RadixShared& sh, double target, unsigned k, int shift) 
 
 // ZipVL Eq. 7: p = min { p : sum of the p largest scores >= target_mass } over score(0 .. n-1), with
 // F the fixed-point scale (target_mass in the same units: tau * total * F). n when never reached.
+// This block reads score(j) for j in its slice of the team.
 template <class Score>
-__device__ int block_count_for_mass(RadixShared& sh, const Score& score, int n, double target, double F) {
+__device__ int block_count_for_mass(RadixShared& sh, const RadixTeam& team, const Score& score, int n, double target,
+                                    double F) {
+    const int lo = team.slice_lo(n), hi = team.slice_hi(n);
     if (threadIdx.x == 0) {
         sh.prefix = 0;
         sh.mask = 0;
@@ -202,14 +297,14 @@ __device__ int block_count_for_mass(RadixShared& sh, const Score& score, int n, 
     __syncthreads();
     int last_bin = 0;
     for (int shift = 24; shift >= 0; shift -= 8) {
-        radix_hist<true>(sh, score, n, shift, F);
+        radix_hist<true>(sh, team, score, lo, hi, shift, F);
         if (threadIdx.x < 32) pick_bin<true>(sh, target, 0, shift);
         __syncthreads();
         if (!sh.found) return n;
         last_bin = sh.bin;
     }
     // Every score equal to v = prefix adds the same mass m; take as many as the target needs.
-    const unsigned eq = sh.cnt[last_bin];
+    const unsigned eq = sh.tcnt[last_bin];
     const double m = static_cast<double>(fixed_mass(__uint_as_float(sh.prefix), F));
     const double rem = target - static_cast<double>(sh.above_mass);
     double t = m > 0.0 ? ceil(rem / m) : 1.0;
@@ -224,10 +319,13 @@ __device__ int block_count_for_mass(RadixShared& sh, const Score& score, int n, 
 }
 
 // The k-th largest key (1 <= k <= n), `need`, the number of scores equal to it that the top-k takes,
-// and `eq_count`, how many scores equal it.
+// `eq_count`, how many scores equal it, and `eq_before`, how many of those lie in the slices of the
+// team's blocks before this one (the rank of this slice's first tie). This block reads score(j) for j
+// in its slice.
 template <class Score>
-__device__ void block_topk_threshold(RadixShared& sh, const Score& score, int n, int k, unsigned& vkey, int& need,
-                                     int& eq_count) {
+__device__ void block_topk_threshold(RadixShared& sh, const RadixTeam& team, const Score& score, int n, int k,
+                                     unsigned& vkey, int& need, int& eq_count, int& eq_before) {
+    const int lo = team.slice_lo(n), hi = team.slice_hi(n);
     if (threadIdx.x == 0) {
         sh.prefix = 0;
         sh.mask = 0;
@@ -235,13 +333,17 @@ __device__ void block_topk_threshold(RadixShared& sh, const Score& score, int n,
     }
     __syncthreads();
     for (int shift = 24; shift >= 0; shift -= 8) {
-        radix_hist<false>(sh, score, n, shift, 1.0);
+        radix_hist<false>(sh, team, score, lo, hi, shift, 1.0);
         if (threadIdx.x < 32) pick_bin<false>(sh, 0.0, static_cast<unsigned>(k), shift);
         __syncthreads();
     }
     vkey = sh.prefix;
     need = k - static_cast<int>(sh.above_cnt);
-    eq_count = static_cast<int>(sh.cnt[sh.bin]);  // the last pass's bin holds exactly the keys equal to vkey
+    eq_count = static_cast<int>(sh.tcnt[sh.bin]);  // the last pass's bin holds exactly the keys equal to vkey
+    // (the last pass, shift 0, wrote buffer 0; no pass rewrites it before the kernel's end)
+    int before = 0;
+    for (int r = 0; r < team.rank; ++r) before += static_cast<int>(*team.peer(&sh.cnt[0][sh.bin], r));
+    eq_before = before;
     __syncthreads();
 }
 
@@ -275,17 +377,20 @@ __device__ __forceinline__ int block_exclusive_scan(RadixShared& sh, int x, int&
     return before + v - x;
 }
 
-// Kept positions in ascending order into out[0 .. count): position j is kept when keep(j, tie, rank)
-// is true, where tie(j) marks the scores equal to the threshold and rank is the number of positions
-// before j with tie true. `ranked`: whether keep uses rank at all (one scan per tile instead of two
-// when it does not). Each thread takes kItems consecutive positions of a tile. Returns the count.
+// Kept positions of [lo, hi) in ascending order into out[0 .. count) (out null: only counted):
+// position j is kept when keep(j, tie, rank) is true, where tie(j) marks the scores equal to the
+// threshold and rank is tie_base plus the number of positions in [lo, j) with tie true. `ranked`:
+// whether keep uses rank at all (one scan per tile instead of two when it does not). Each thread
+// takes kItems consecutive positions of a tile. Returns the count.
 inline constexpr int kCompactItems = 4;
 template <class Tie, class Keep>
-__device__ int block_compact(RadixShared& sh, int n, bool ranked, const Tie& tie, const Keep& keep, std::int32_t* out) {
+__device__ int block_compact(RadixShared& sh, int lo, int hi, bool ranked, const Tie& tie, const Keep& keep,
+                             std::int32_t* out, int tie_base = 0) {
     constexpr int I = kCompactItems;
-    int carry_tie = 0, carry_out = 0;
+    const int n = hi;
+    int carry_tie = tie_base, carry_out = 0;
     const int span = static_cast<int>(blockDim.x) * I;
-    for (int base = 0; base < n; base += span) {
+    for (int base = lo; base < n; base += span) {
         const int j0 = base + static_cast<int>(threadIdx.x) * I;
         bool t[I];
         int nt = 0;
@@ -307,9 +412,11 @@ __device__ int block_compact(RadixShared& sh, int n, bool ranked, const Tie& tie
         }
         int tot_out = 0;
         int at = carry_out + block_exclusive_scan(sh, nk, tot_out);
+        if (out) {
 #pragma unroll
-        for (int i = 0; i < I; ++i)
-            if (k[i]) out[at++] = j0 + i;
+            for (int i = 0; i < I; ++i)
+                if (k[i]) out[at++] = j0 + i;
+        }
         carry_tie += tot_tie;
         carry_out += tot_out;
     }
@@ -379,57 +486,64 @@ __global__ void zipvl_scores_kernel(const __grid_constant__ ZipVLFinishArgs f) {
     if (bad) atomicOr(f.status, 1);
 }
 
-// p, top-k and the kept list of one group per block (after zipvl_scores_kernel).
+// p, top-k and the kept list of one group per team (after zipvl_scores_kernel): grid G x team size,
+// the team a cluster of that many blocks (launch_select_kernel) or one block.
 template <int Unused = 0>
 __global__ void __launch_bounds__(kSelectThreads) zipvl_finish_kernel(const __grid_constant__ ZipVLFinishArgs f) {
     __shared__ RadixShared sh;
     extern __shared__ __align__(16) unsigned char select_dyn[];
+    const RadixTeam team = RadixTeam::current();
     if (threadIdx.x == 0) sh.wh = reinterpret_cast<RadixWarpHist*>(select_dyn);
-    const int g = blockIdx.x, n = f.n;
+    const int g = static_cast<int>(blockIdx.x) / team.size, n = f.n;
+    const int lo = team.slice_lo(n), hi = team.slice_hi(n);
     const float* acc = f.accumulated + static_cast<std::int64_t>(g) * n;
     const float* nrm = f.normalized + static_cast<std::int64_t>(g) * n;
     const bool bad = (*f.status & 1) != 0;
-    if (bad) {  // a non-finite score: nothing to rank (the host reports it)
-        if (threadIdx.x == 0) {
+    if (bad) {  // a non-finite score: nothing to rank (the host reports it); uniform over the team
+        if (threadIdx.x == 0 && team.rank == 0) {
             f.p[g] = 0;
             f.count[g] = 0;
         }
         return;
     }
+    // This block's slice of the scores in shared memory (cache[j - lo]) when it fits.
     float* cache = reinterpret_cast<float*>(select_dyn + sizeof(RadixWarpHist));
-    const bool cached = f.cached >= n;
+    const bool cached = f.cached >= hi - lo;
     if (cached)
-        for (int j = threadIdx.x; j < n; j += blockDim.x) cache[j] = acc[j];
+        for (int j = lo + static_cast<int>(threadIdx.x); j < hi; j += blockDim.x) cache[j - lo] = acc[j];
     __syncthreads();
     // Fixed point: the sum of all scores (about `total`) stays below 2^61.
     const double F = ldexp(1.0, 60 - ilogb(f.total) - 1);
     const int p = f.fixed_p > 0 ? f.fixed_p
-                  : cached ? block_count_for_mass(sh, [&](int j) { return cache[j]; }, n, f.tau * f.total * F, F)
-                           : block_count_for_mass(sh, [&](int j) { return acc[j]; }, n, f.tau * f.total * F, F);
+                  : cached ? block_count_for_mass(sh, team, [&](int j) { return cache[j - lo]; }, n, f.tau * f.total * F, F)
+                           : block_count_for_mass(sh, team, [&](int j) { return acc[j]; }, n, f.tau * f.total * F, F);
     // The ranked scores: a~ (Eq. 9), or a (the ablation; already in the cache).
     const float* rk = f.rank_accumulated ? acc : nrm;
     if (cached && !f.rank_accumulated)
-        for (int j = threadIdx.x; j < n; j += blockDim.x) cache[j] = nrm[j];
+        for (int j = lo + static_cast<int>(threadIdx.x); j < hi; j += blockDim.x) cache[j - lo] = nrm[j];
     __syncthreads();
-    const float* ns = cached ? cache : rk;
+    const auto ns = [&](int j) { return cached ? cache[j - lo] : rk[j]; };
     unsigned vkey = 0;
     int need = n;
     const bool all = p >= n;
-    int eq_count = 0;
-    if (!all) block_topk_threshold(sh, [&](int j) { return ns[j]; }, n, p, vkey, need, eq_count);
+    int eq_count = 0, eq_before = 0;
+    if (!all) block_topk_threshold(sh, team, ns, n, p, vkey, need, eq_count, eq_before);
     const int keep_from = n - f.keep_last;
     std::int32_t* out = f.indptr ? f.lists : f.lists + static_cast<std::int64_t>(g) * n;
     // Ranks among the scores equal to the threshold matter only when some of them are left out.
     const bool ranked = !all && need < eq_count;
-    const int cnt = block_compact(
-        sh, n, ranked, [&](int j) { return score_key(ns[j]) == vkey; },
-        [&](int j, bool tie, int rank) {
-            const unsigned key = score_key(ns[j]);
-            const bool top = all || key > vkey || (key == vkey && (!ranked || (tie && rank < need)));
-            return top || j >= keep_from || (f.text && f.text[j]);
-        },
-        out);
-    if (threadIdx.x == 0) {
+    const auto tie = [&](int j) { return score_key(ns(j)) == vkey; };
+    const auto keep = [&](int j, bool t, int rank) {
+        const unsigned key = score_key(ns(j));
+        const bool top = all || key > vkey || (key == vkey && (!ranked || (t && rank < need)));
+        return top || j >= keep_from || (f.text && f.text[j]);
+    };
+    // A team counts its slices first: each block writes its positions after the earlier slices'.
+    int before = 0, cnt = 0;
+    if (team.size > 1) before = team_exclusive_sum(sh, team, 0, block_compact(sh, lo, hi, ranked, tie, keep, nullptr, eq_before), cnt);
+    const int mine = block_compact(sh, lo, hi, ranked, tie, keep, out + before, eq_before);
+    if (team.size == 1) cnt = mine;
+    if (threadIdx.x == 0 && team.rank == 0) {
         f.p[g] = p;
         f.count[g] = cnt;
         if (f.indptr) {
@@ -437,6 +551,95 @@ __global__ void __launch_bounds__(kSelectThreads) zipvl_finish_kernel(const __gr
             f.indptr[1] = cnt;
         }
     }
+    team.sync();  // no block leaves while another may still read its shared memory
+}
+
+// ---- host: team size, shared-memory cache and launch of a ranking kernel ---------------------------------
+
+// How a ranking kernel is launched over vectors of up to `longest` positions: `team` blocks per
+// vector (a cluster, where the device and the kernel's binary support clusters; more blocks once
+// a vector is long enough to keep each busy), each caching up to `cached` scores of its slice in
+// dynamic shared memory (0: the slices are read from global memory), `smem` dynamic bytes per block.
+struct SelectLaunch {
+    int team = 1;
+    int cached = 0;
+    std::size_t smem = 0;
+};
+
+inline constexpr int kTeamMinSlice = 2048;  // positions per block below which a team gets smaller
+
+template <class Kernel>
+SelectLaunch plan_select_launch(Kernel* kernel, std::int64_t longest, const char* fn) {
+    SelectLaunch L;
+    int dev = 0, cluster_ok = 0, optin = 0;
+    check_cuda(cudaGetDevice(&dev), fn, "cudaGetDevice");
+    check_cuda(cudaDeviceGetAttribute(&cluster_ok, cudaDevAttrClusterLaunch, dev), fn, "cudaDeviceGetAttribute");
+    check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), fn, "cudaDeviceGetAttribute");
+    cudaFuncAttributes fa{};
+    check_cuda(cudaFuncGetAttributes(&fa, kernel), fn, "cudaFuncGetAttributes");
+    // The kernel's binary must be the sm_90+ one, which reads its team from the cluster.
+    if (cluster_ok && fa.binaryVersion >= 90)
+        L.team = static_cast<int>(std::clamp<std::int64_t>((longest + kTeamMinSlice - 1) / kTeamMinSlice, 1, kMaxTeam));
+    const int slice = team_slice(static_cast<int>(longest), L.team);
+    // What fits beside the histograms and the kernel's static shared memory on this device.
+    const std::int64_t room = (static_cast<std::int64_t>(optin) - static_cast<std::int64_t>(fa.sharedSizeBytes) -
+                               static_cast<std::int64_t>(sizeof(RadixWarpHist))) / static_cast<std::int64_t>(sizeof(float));
+    require(room >= 0, fn, "the ranking kernel needs ", sizeof(RadixWarpHist) + fa.sharedSizeBytes,
+            " bytes of shared memory per block; this GPU allows ", optin);
+    L.cached = slice <= std::min<std::int64_t>(room, kSelectCacheMax) ? slice : 0;
+    L.smem = select_smem_bytes(L.cached);
+    // Set on every launch, never cached in a function-local static: this function is inline, so one
+    // static would serve every translation unit of a program while each has its own copy of the kernel
+    // (and the attribute is per device).
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L.smem)), fn,
+               "cudaFuncSetAttribute");
+    if (L.team > 1) {
+        // A GPU (or a partition of one) that cannot place such a cluster: one block per vector.
+        cudaLaunchConfig_t cfg{};
+        cfg.gridDim = dim3(static_cast<unsigned>(L.team));
+        cfg.blockDim = dim3(kSelectThreads);
+        cfg.dynamicSmemBytes = L.smem;
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = static_cast<unsigned>(L.team);
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        int clusters = 0;
+        if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess || clusters < 1) {
+            (void)cudaGetLastError();
+            L.team = 1;
+            const std::int64_t whole = longest;
+            L.cached = whole <= std::min<std::int64_t>(room, kSelectCacheMax) ? static_cast<int>(whole) : 0;
+            L.smem = select_smem_bytes(L.cached);
+            check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L.smem)),
+                       fn, "cudaFuncSetAttribute");
+        }
+    }
+    return L;
+}
+
+// Launches kernel<<<vectors x team, kSelectThreads, smem>>>(args) with clusters of `team` blocks and
+// args.cached set from L.
+template <class Kernel, class Args>
+void launch_select_kernel(Kernel* kernel, int vectors, const SelectLaunch& L, cudaStream_t stream, Args& args,
+                          const char* fn, const char* name) {
+    args.cached = L.cached;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(vectors * L.team));
+    cfg.blockDim = dim3(kSelectThreads);
+    cfg.dynamicSmemBytes = L.smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = static_cast<unsigned>(L.team);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = L.team > 1 ? 1 : 0;
+    check_cuda(cudaLaunchKernelEx(&cfg, kernel, args), fn, name);
+    check_launch(fn, name);
 }
 
 // Group g's list moved from lists + g * n to its CSR place; indptr [G + 1] written. Grid (G, any):
