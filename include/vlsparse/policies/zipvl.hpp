@@ -129,17 +129,13 @@ ZipVLSelection zipvl_select(View3<const TQ> q, View3<const TK> k, const Layout& 
     return r;
 }
 
-// Token-sparse prefill (Algorithm 1): attention restricted to the kept set, rows outside it per
-// P.unselected. A dense layer, or any layer with P.prefill == dense (eviction-only), runs dense
-// attention. out [n, H, d].
+struct ZipVLOps;
+
+// Token-sparse prefill (Algorithm 1; zipvl_prefill_over on this backend's attention). out [n, H, d].
 template <ElementType TQ, ElementType TK, OutputElement TO>
 void zipvl_prefill(View3<const TQ> q, View3<const TK> k, View3<const TK> v, const ZipVLSelection& s, View3<TO> out,
                    const ZipVLParams& P) {
-    if (!zipvl_sparse_prefill(s, P)) {
-        dense_attention(q, k, v, out, P.attention());
-        return;
-    }
-    sparse_attention(q, k, v, s.selection, out, P.unselected, P.attention());
+    zipvl_prefill_over<ZipVLOps>(q, k, v, s, out, P);
 }
 
 // One whole layer the way an engine runs it: select, token-sparse prefill into `out`, and fill the
@@ -160,6 +156,8 @@ struct ZipVLOps {
     template <class... A> static auto select(A&&... a) { return simd::zipvl_select(std::forward<A>(a)...); }
     template <class... A> static void prefill(A&&... a) { simd::zipvl_prefill(std::forward<A>(a)...); }
     template <class... A> static void decode(A&&... a) { simd::decode_attention(std::forward<A>(a)...); }
+    template <class... A> static void dense(A&&... a) { simd::dense_attention(std::forward<A>(a)...); }
+    template <class... A> static void sparse(A&&... a) { simd::sparse_attention(std::forward<A>(a)...); }
 };
 
 }  // namespace simd

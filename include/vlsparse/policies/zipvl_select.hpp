@@ -16,6 +16,7 @@
 #include "vlsparse/core/error.hpp"
 #include "vlsparse/core/rng.hpp"
 #include "vlsparse/core/selection.hpp"
+#include "vlsparse/core/tensor.hpp"
 #include "vlsparse/detail/check.hpp"
 #include "vlsparse/kv/kv_cache.hpp"
 #include "vlsparse/policies/zipvl_params.hpp"
@@ -80,6 +81,19 @@ inline std::vector<std::int64_t> zipvl_probes_or(std::span<const std::int64_t> g
     if (given.empty()) return zipvl_probes(n, layer, P);
     detail::check_sorted_unique(given, n, fn, "probes");
     return {given.begin(), given.end()};
+}
+
+// The prefill of a layer (Algorithm 1), written once over a backend's ZipVLOps: token-sparse
+// attention restricted to the kept set (rows outside it per P.unselected) by Ops::sparse, or dense
+// attention by Ops::dense on a dense layer or with P.prefill == dense (eviction-only). out [n, H, d].
+template <class Ops, class TQ, class TK, class TO>
+void zipvl_prefill_over(View3<const TQ> q, View3<const TK> k, View3<const TK> v, const ZipVLSelection& s, View3<TO> out,
+                        const ZipVLParams& P) {
+    if (!zipvl_sparse_prefill(s, P)) {
+        Ops::dense(q, k, v, out, P.attention());
+        return;
+    }
+    Ops::sparse(q, k, v, s.selection, out, P.unselected, P.attention());
 }
 
 namespace detail {

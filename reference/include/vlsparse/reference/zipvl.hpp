@@ -123,27 +123,27 @@ ZipVLSelection zipvl_select(View3<const TQ> q, View3<const TK> k, const Layout& 
     return r;
 }
 
-// Token-sparse prefill (Algorithm 1): attention restricted to the kept set, rows outside it per
-// P.unselected. A dense layer, or any layer with P.prefill == dense (eviction-only), runs dense
-// attention. out [n, H, d].
+struct ZipVLOps;
+
+// Token-sparse prefill (Algorithm 1; zipvl_prefill_over on this backend's attention). out [n, H, d].
 template <ElementType TQ, ElementType TK, OutputElement TO>
 void zipvl_prefill(View3<const TQ> q, View3<const TK> k, View3<const TK> v, const ZipVLSelection& s, View3<TO> out,
                    const ZipVLParams& P) {
-    if (!zipvl_sparse_prefill(s, P)) {
-        dense_attention(q, k, v, out, P.attention());
-        return;
-    }
-    sparse_attention(q, k, v, s.selection, out, P.unselected, P.attention());
+    zipvl_prefill_over<ZipVLOps>(q, k, v, s, out, P);
 }
 
 // ZipVL's operations on the reference backend: the concept of golden::run_zipvl_case, for code written
 // once over a backend (simd::ZipVLOps is the SIMD twin):
 //   select(q [n, H, d], k [n, H_kv, d], layout, layer, P[, probes]) -> ZipVLSelection
 //   prefill(q, k, v, selection, out [n, H, d], P);  decode(q [H, d], KvCache, out [H, d], AttentionOptions)
+//   dense(q, k, v, out, AttentionOptions);  sparse(q, k, v, TokenSelection, out, UnselectedRows, AttentionOptions)
+//     (the attention zipvl_prefill_over runs)
 struct ZipVLOps {
     template <class... A> static auto select(A&&... a) { return reference::zipvl_select(std::forward<A>(a)...); }
     template <class... A> static void prefill(A&&... a) { reference::zipvl_prefill(std::forward<A>(a)...); }
     template <class... A> static void decode(A&&... a) { reference::decode_attention(std::forward<A>(a)...); }
+    template <class... A> static void dense(A&&... a) { reference::dense_attention(std::forward<A>(a)...); }
+    template <class... A> static void sparse(A&&... a) { reference::sparse_attention(std::forward<A>(a)...); }
 };
 
 }  // namespace vlsparse::reference
