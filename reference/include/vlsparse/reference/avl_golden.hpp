@@ -29,12 +29,9 @@ namespace vlsparse {
 
 namespace golden {
 
-struct AvlCaseInputs {
-    std::string dtype;  // fp32 | fp16 | bf16
-    std::int64_t n = 0, H = 0, Hkv = 0, d = 0, steps = 0;
-    Layout layout;
+// The inputs of one A-VL golden case: those of every prefill + decode case and the Params.
+struct AvlCaseInputs : DecodeCaseInputs {
     AvlParams params;
-    std::vector<float> q, k, v, dq, dk, dv;  // values exactly representable in `dtype`
 };
 
 inline AvlCaseInputs read_avl_inputs(const std::filesystem::path& dir, GoldenManifest* manifest = nullptr) {

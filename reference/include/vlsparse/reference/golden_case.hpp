@@ -52,6 +52,15 @@ inline OutputMetric attention_metric() {
              {"bf16", kAttentionNmseBf16}}};
 }
 
+// The inputs every prefill + decode case has (ZipVL's, A-VL's), in fp32, plus the dtype they are stored
+// and fed in: q [n, H, d], k, v [n, H_kv, d], decode_q [S, H, d], decode_k, decode_v [S, H_kv, d].
+struct DecodeCaseInputs {
+    std::string dtype;  // fp32 | fp16 | bf16
+    std::int64_t n = 0, H = 0, Hkv = 0, d = 0, steps = 0;
+    Layout layout;
+    std::vector<float> q, k, v, dq, dk, dv;  // values exactly representable in `dtype`
+};
+
 // One named output tensor of a run.
 struct NamedArray {
     std::string name;
@@ -85,11 +94,10 @@ inline GoldenManifest read_case_manifest(const std::filesystem::path& dir, const
     return m;
 }
 
-// The inputs of a prefill + decode case (ZipVL, A-VL) into `c` as fp32 plus their stored dtype:
-// q [n, H, d], k, v [n, H_kv, d], decode_q [S, H, d], decode_k, decode_v [S, H_kv, d], with c's dtype,
-// n, H, d, H_kv and steps (= S) from their shapes. `m` is the case's manifest.
-template <class Case>
-void read_decode_case_inputs(const std::filesystem::path& dir, const GoldenManifest& m, Case& c, const char* fn) {
+// The tensors of a prefill + decode case into `c` (its dtype, n, H, d, H_kv and steps from their
+// shapes; the layout is the caller's). `m` is the case's manifest.
+inline void read_decode_case_inputs(const std::filesystem::path& dir, const GoldenManifest& m, DecodeCaseInputs& c,
+                                    const char* fn) {
     const auto& tq = m.input("q");
     const auto& tk = m.input("k");
     ::vlsparse::detail::require(tq.shape.size() == 3 && tk.shape.size() == 3, fn, dir.string(), ": q and k must have rank 3");

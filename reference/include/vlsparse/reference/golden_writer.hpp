@@ -143,6 +143,7 @@ void write_first_passing(const std::string& name, std::uint64_t first, TrySeed&&
 // The inputs of a prefill + decode case from the synthetic generator, rounded to `dtype`: the prompt's
 // q [n, H, d], k, v [n, H_kv, d] (layer `layer` of seed `seed` over `layout`) and `steps` decode tokens
 // (a text-only layer of the same shape from seed + 1000); sets c's dtype, layout, n, H, H_kv, d and steps.
+// `Case`: DecodeCaseInputs (golden_case.hpp) or a case type derived from it.
 template <class Case>
 void synthetic_decode_case(Case& c, const std::string& dtype, const Layout& layout, std::int64_t H, std::int64_t Hkv,
                            std::int64_t d, std::int64_t steps, std::uint64_t seed, std::int64_t layer) {

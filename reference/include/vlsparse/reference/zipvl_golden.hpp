@@ -25,13 +25,10 @@
 
 namespace vlsparse::golden {
 
-// The inputs of one ZipVL golden case, in fp32, plus the dtype they are stored and fed in.
-struct ZipVLCaseInputs {
-    std::string dtype;  // fp32 | fp16 | bf16
-    std::int64_t n = 0, H = 0, Hkv = 0, d = 0, layer = 0, steps = 0;
-    Layout layout;
+// The inputs of one ZipVL golden case: those of every prefill + decode case, the layer and the Params.
+struct ZipVLCaseInputs : DecodeCaseInputs {
+    std::int64_t layer = 0;
     ZipVLParams params;
-    std::vector<float> q, k, v, dq, dk, dv;  // values exactly representable in `dtype`
 };
 
 // Reads the inputs of a case folder (any dtype) into fp32 plus the stated dtype.
