@@ -15,6 +15,7 @@
 #include <vlsparse/attention/dense.hpp>
 #include <vlsparse/attention/masked.hpp>
 #include <vlsparse/masks/block_mask.hpp>
+#include <vlsparse/masks/mask_view.hpp>
 #include <vlsparse/masks/templates.hpp>
 #include <vlsparse/reference/attention.hpp>
 #include <vlsparse/reference/masked.hpp>
@@ -246,4 +247,64 @@ TEST_CASE("masked attention: an inconsistent BlockMask is the same clear error i
     bad = make_block_mask(c, heads, 4, 4);
     bad.partial_key_hi.push_back(1);
     both(bad, "block mask is inconsistent");
+}
+
+TEST_CASE("mask views: the one pair rule equals the template and video definitions (int64 and int32 views)",
+          "[masked][masks]") {
+    // MaskContext::allows and the GPU kernels evaluate mask_rule_allows (masks/mask_view.hpp); the
+    // header's words are template_allows && video_allows. Every pair of every template, for image
+    // layouts under each option set (sinks, bidirectional images) and for every video mask.
+    std::vector<std::pair<MaskContext, std::string>> ctxs;
+    const auto opts = vt::mask_option_sets();
+    for (const char* spec : vt::kMaskLayouts)
+        for (std::size_t o = 0; o < opts.size(); ++o)
+            ctxs.emplace_back(make_mask_context(Layout::parse(spec), opts[o]), std::string(spec) + " options " + std::to_string(o));
+    for (VideoMask vm : kVideoMasks)
+        for (const char* spec : {"text:3,video:4x5,text:2", "text:2,video:5x3[1x3],text:1,image:6,text:1"})
+            for (std::int64_t window : {0, 3})
+                ctxs.emplace_back(make_video_mask_context(Layout::parse(spec), {vm, window, 2}),
+                                  std::string(spec) + " video " + std::string(to_string(vm)) + " window " + std::to_string(window));
+    std::size_t pairs = 0;
+    for (const auto& [c, name] : ctxs) {
+        INFO(name);
+        if (c.n > 400) continue;  // (every pair: keep it quick)
+        // The same context as int32 arrays: the form the prefill kernels read.
+        std::vector<std::int32_t> is(c.image_start.begin(), c.image_start.end()), ie(c.image_end.begin(), c.image_end.end()),
+            ft(c.image_frame_tokens.begin(), c.image_frame_tokens.end());
+        MaskContextView<std::int32_t> v32;
+        v32.n = static_cast<std::int32_t>(c.n);
+        v32.token_image = c.token_image.data();
+        v32.token_sink = c.token_sink.data();
+        v32.image_start = is.data();
+        v32.image_end = ie.data();
+        v32.frame_tokens = ft.empty() ? nullptr : ft.data();
+        v32.bidirectional = c.bidirectional_images ? 1 : 0;
+        v32.video = static_cast<int>(c.video);
+        v32.video_window = static_cast<std::int32_t>(c.video_window);
+        v32.video_dilation = static_cast<std::int32_t>(c.video_dilation);
+        const MaskContextView<std::int64_t> v64 = c.view();
+        for (MaskTemplate t : kAllTemplates)
+            for (std::int64_t i = 0; i < c.n; ++i)
+                for (std::int64_t j = 0; j < c.n; ++j) {
+                    const bool want = c.template_allows(t, i, j) && c.video_allows(i, j);
+                    const bool a = c.allows(t, i, j), b = v64.allows(static_cast<int>(t), i, j),
+                               d = v32.allows(static_cast<int>(t), static_cast<std::int32_t>(i), static_cast<std::int32_t>(j));
+                    if (a != want || b != want || d != want) {
+                        INFO("template " << to_string(t) << " i " << i << " j " << j);
+                        REQUIRE(a == want);
+                        REQUIRE(b == want);
+                        REQUIRE(d == want);
+                    }
+                    ++pairs;
+                }
+    }
+    REQUIRE(pairs > 100000);
+    // BlockMask::view: the context and the head templates.
+    const MaskContext c = make_mask_context(Layout::parse(vt::kMaskLayouts[1]), opts[0]);
+    const auto heads = vt::mixed_heads(4, 7);
+    const BlockMask bm = make_block_mask(c, heads, 8, 8);
+    const BlockMaskView<std::int64_t> bv = bm.view();
+    for (std::int64_t h = 0; h < 4; ++h)
+        for (std::int64_t i = 0; i < c.n; i += 3)
+            for (std::int64_t j = 0; j < c.n; j += 2) REQUIRE(bv.allows(h, i, j) == bm.allows(h, i, j));
 }

@@ -45,6 +45,11 @@ struct BlockMask {
     bool allows(std::int64_t h, std::int64_t i, std::int64_t j) const {
         return context.allows(head_template[static_cast<std::size_t>(h)], i, j);
     }
+    // The context and the head templates as pointers (valid while this mask lives and is not modified).
+    BlockMaskView<std::int64_t> view() const {
+        static_assert(sizeof(MaskTemplate) == 1, "head_template is read as bytes");
+        return {context.view(), reinterpret_cast<const std::uint8_t*>(head_template.data())};
+    }
     std::span<const std::int64_t> full(std::int64_t h, std::int64_t qb) const {
         const auto r = static_cast<std::size_t>(h * n_q_blocks + qb);
         return std::span<const std::int64_t>(full_indices).subspan(

@@ -40,6 +40,7 @@
 #include "vlsparse/core/enum_names.hpp"
 #include "vlsparse/core/error.hpp"
 #include "vlsparse/core/layout.hpp"
+#include "vlsparse/masks/mask_view.hpp"
 
 namespace vlsparse {
 
@@ -137,9 +138,26 @@ struct MaskContext {
     std::int64_t images() const { return static_cast<std::int64_t>(image_start.size()); }
 
     // The exact definition of the masks (the header comment), one pair at a time: the template, then
-    // the video mask.
+    // the video mask, by the one rule the GPU kernels evaluate too (masks/mask_view.hpp). Equal to
+    // template_allows(t, i, j) && video_allows(i, j) (a test checks it pair by pair).
     bool allows(MaskTemplate t, std::int64_t i, std::int64_t j) const {
-        return template_allows(t, i, j) && video_allows(i, j);
+        return view().allows(static_cast<int>(t), i, j);
+    }
+
+    // The per-token arrays as pointers (valid while this context lives and is not modified).
+    MaskContextView<std::int64_t> view() const {
+        MaskContextView<std::int64_t> v;
+        v.n = n;
+        v.token_image = token_image.data();
+        v.token_sink = token_sink.data();
+        v.image_start = image_start.data();
+        v.image_end = image_end.data();
+        v.frame_tokens = image_frame_tokens.empty() ? nullptr : image_frame_tokens.data();
+        v.bidirectional = bidirectional_images ? 1 : 0;
+        v.video = static_cast<int>(video);
+        v.video_window = video_window;
+        v.video_dilation = video_dilation;
+        return v;
     }
 
     // The template alone (the video mask ignored).

@@ -48,6 +48,7 @@
 #include <type_traits>
 
 #include "vlsparse/cuda/common.cuh"
+#include "vlsparse/masks/mask_view.hpp"
 
 namespace vlsparse::cuda::detail {
 
@@ -72,64 +73,32 @@ struct PrefillItem {
     int head = 0, row_lo = 0, row_hi = 0, seg_begin = 0, seg_end = 0, pad0 = 0, pad1 = 0, pad2 = 0;
 };
 
-// The mask of vlsparse/masks/templates.hpp (MaskContext) on the device: what kGeneral tiles evaluate.
-struct DeviceMask {
-    const std::int32_t* token_image = nullptr;  // [n] image of each token, -1 for text
-    const std::uint8_t* token_sink = nullptr;   // [n]
-    const std::int32_t* image_start = nullptr;  // [images]
-    const std::int32_t* image_end = nullptr;    // [images]
-    const std::int32_t* frame_tokens = nullptr; // [images] tokens per frame of a video, 0 for an image
-    const std::uint8_t* head_template = nullptr; // [H] MaskTemplate of each query head
-    int bidirectional = 0;
-    int video = 0;          // VideoMask
-    int video_window = 0;   // 0: tokens per frame
-    int video_dilation = 1;
-};
+// The mask of vlsparse/masks/templates.hpp on the device (MaskedPrefillPlan uploads a MaskContext's
+// arrays as int32 and the head templates): what kGeneral tiles evaluate, by the library's one rule
+// (masks/mask_view.hpp).
+using DeviceMask = BlockMaskView<std::int32_t>;
+using MaskRow = MaskRowFacts<int>;
 
-// What the template mask needs of a query row, read once per block.
-struct MaskRow {
-    int a = -1;    // the row's image, -1 for text
-    int hi = 0;    // keys at or past hi are not allowed (bidirectional: the image's end, else i + 1)
-    int vs = 0;    // the image's first position
-    int T = 0;     // tokens per frame of a video, 0 otherwise
-    int tmpl = 0;  // the head's MaskTemplate
-};
+// What the rule needs of a query row, read once per block (read-only loads; i < 0: a padding row).
 __device__ __forceinline__ MaskRow mask_row(const DeviceMask& m, int i, int head) {
     MaskRow r;
     r.tmpl = m.head_template[head];
     if (i < 0) return r;
-    r.a = __ldg(m.token_image + i);
+    const MaskContextView<std::int32_t>& c = m.context;
+    r.a = __ldg(c.token_image + i);
     r.hi = i + 1;
     if (r.a >= 0) {
-        if (m.bidirectional) r.hi = __ldg(m.image_end + r.a);
-        r.vs = __ldg(m.image_start + r.a);
-        r.T = m.video ? __ldg(m.frame_tokens + r.a) : 0;
+        if (c.bidirectional) r.hi = __ldg(c.image_end + r.a);
+        r.vs = __ldg(c.image_start + r.a);
+        r.T = c.video ? __ldg(c.frame_tokens + r.a) : 0;
     }
     return r;
 }
 
-// MaskContext::template_allows(t, i, j) && video_allows(i, j), line for line (the host header is the
-// definition); b = token_image[j], sink = token_sink[j].
+// MaskContext::allows(t, i, j) for a row read by mask_row; b = token_image[j], sink = token_sink[j]
+// (staged beside the key tile).
 __device__ __forceinline__ bool mask_allows(const DeviceMask& m, const MaskRow& r, int i, int j, int b, bool sink) {
-    if (j == i) return true;
-    if (r.a < 0) return j < i;
-    if (j >= r.hi) return false;
-    if (b < 0) return true;
-    const int t = r.tmpl;
-    if (b != r.a) return t == 0 ? true : (t == 2 ? false : sink);  // an earlier image: Dense all, Document none
-    if (t == 1 && !sink) return false;                            // Sink: only the image's sinks (and i)
-    if (r.T == 0) return true;
-    if (j > i) return false;
-    const int fi = (i - r.vs) / r.T, si = (i - r.vs) - fi * r.T, fj = (j - r.vs) / r.T, sj = (j - r.vs) - fj * r.T;
-    const int W = m.video_window > 0 ? m.video_window : r.T;
-    switch (m.video) {
-        case 1: return fj == 0 || fj == fi;
-        case 2: return fj == 0 || (fj == fi - 1 && sj == si);
-        case 3: return fj == 0 || fj == fi || (fj == fi - 1 && sj == si);
-        case 4: return i - j < W;
-        case 5: return (i - j) % m.video_dilation == 0 && (i - j) / m.video_dilation < W;
-        default: return true;
-    }
+    return mask_rule_allows<int>(r, m.context.video, m.context.video_window, m.context.video_dilation, i, j, b, sink);
 }
 
 struct PrefillArgs {
@@ -592,7 +561,7 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
     // ---- key tiles ------------------------------------------------------------------------------------
     const T* kbase = static_cast<const T*>(a.k) + static_cast<std::int64_t>(g) * a.k_s1;
     const T* vbase = static_cast<const T*>(a.v) + static_cast<std::int64_t>(g) * a.v_s1;
-    const bool masked = a.mask.token_image != nullptr;
+    const bool masked = a.mask.context.token_image != nullptr;
     TileCursor ld{seg_begin, seg_end};
     ld.load(segs);
     // Kind and last key position of each stage's tile, kept by every thread (the cursor is uniform across
@@ -632,8 +601,8 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
             if (c == 0) {
                 skpos[st * S::BN + r] = pos;
                 if (masked && ld.kind == kSegGeneral) {  // what the template mask needs of the key (general tiles only)
-                    skimg[st * S::BN + r] = pos < 0 ? -1 : __ldg(a.mask.token_image + pos);
-                    sksink[st * S::BN + r] = pos < 0 ? 0 : __ldg(a.mask.token_sink + pos);
+                    skimg[st * S::BN + r] = pos < 0 ? -1 : __ldg(a.mask.context.token_image + pos);
+                    sksink[st * S::BN + r] = pos < 0 ? 0 : __ldg(a.mask.context.token_sink + pos);
                 }
             }
         }
@@ -888,8 +857,8 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
                     if (c == 0) {
                         skpos[st * S::BN + r] = pos;
                         if (masked && ld.kind == kSegGeneral) {
-                            skimg[st * S::BN + r] = pos < 0 ? -1 : __ldg(a.mask.token_image + pos);
-                            sksink[st * S::BN + r] = pos < 0 ? 0 : __ldg(a.mask.token_sink + pos);
+                            skimg[st * S::BN + r] = pos < 0 ? -1 : __ldg(a.mask.context.token_image + pos);
+                            sksink[st * S::BN + r] = pos < 0 ? 0 : __ldg(a.mask.context.token_sink + pos);
                         }
                     }
                 }

@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_simt_kernel(const Pre
     const PrefillBlockWork w = prefill_block_work(a, kPrefillRows);
     if (w.m_count <= 0) return;
     const PrefillSegment* segs = w.segs ? w.segs : &w.one;
-    const bool masked = a.mask.token_image != nullptr;
+    const bool masked = a.mask.context.token_image != nullptr;
     const T* kbase = static_cast<const T*>(a.k) + static_cast<std::int64_t>(w.g) * a.k_s1;
     const T* vbase = static_cast<const T*>(a.v) + static_cast<std::int64_t>(w.g) * a.v_s1;
     constexpr int kPass = kPrefillSimtWarps * S::R;
@@ -96,8 +96,8 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_simt_kernel(const Pre
                     const int j = tid < nk ? (w.klist ? __ldg(w.klist + e0 + tid) : e0 + tid) : -1;
                     spos[tid] = j;
                     if (masked && s.kind == kSegGeneral) {
-                        simg[tid] = j < 0 ? -1 : __ldg(a.mask.token_image + j);
-                        ssink[tid] = j < 0 ? 0 : __ldg(a.mask.token_sink + j);
+                        simg[tid] = j < 0 ? -1 : __ldg(a.mask.context.token_image + j);
+                        ssink[tid] = j < 0 ? 0 : __ldg(a.mask.context.token_sink + j);
                     }
                 }
                 for (int x = tid; x < nk * d; x += kPrefillThreads) {

@@ -1,0 +1,104 @@
+// vlsparse/masks/mask_view.hpp -- the mask of a prompt as plain pointers, for the host and the GPU.
+//
+//   mask_rule_allows(row, video, window, dilation, i, j, b, sink)
+//       THE pair rule of the BlindSight templates and PureKV's video masks (masks/templates.hpp states
+//       it in words), from what it needs of query row i (MaskRowFacts, read once per row) and of key j
+//       (its image b, whether it is a sink). MaskContext::allows on the host and the prefill kernels
+//       on the GPU both evaluate this one function.
+//   MaskContextView<I>  a MaskContext's per-token arrays as pointers (host memory: MaskContext::view();
+//                       device memory: cuda::MaskedPrefillPlan uploads them as int32), with
+//                       row() and allows(); I is the position type (int64 on the host, int32 in kernels).
+//   BlockMaskView<I>    the same plus one template per query head (BlockMask::view()).
+//
+// Header-only, no allocation, usable in __host__ __device__ code (VLSPARSE_HD under nvcc).
+// Include: <vlsparse/masks/mask_view.hpp> (templates.hpp and block_mask.hpp include it).
+#pragma once
+
+#include <cstdint>
+
+#include "vlsparse/core/config.hpp"
+
+namespace vlsparse {
+
+// What the rule needs of a query row i (for one template).
+template <class I>
+struct MaskRowFacts {
+    I a = -1;      // the row's image (video), -1 for text
+    I hi = 0;      // keys at or past hi are not allowed (the image's end when bidirectional, else i + 1)
+    I vs = 0;      // the first position of the row's image
+    I T = 0;       // tokens per frame when the row's image is a video under a video mask, else 0
+    int tmpl = 0;  // the template, as MaskTemplate's value (0 Dense, 1 Sink, 2 Document, 3 Document-Sink)
+};
+
+// Whether query i may see key j: b = the image of key j (-1 for text), sink = key j is a sink of its
+// image; video = VideoMask's value (0 none, 1 spatial, 2 temporal, 3 spatial_temporal, 4 local_window,
+// 5 atrous), window (0: tokens per frame) and dilation its parameters. The template first, then, for
+// a video query and a key of the same video, the video mask.
+template <class I>
+VLSPARSE_HD constexpr bool mask_rule_allows(const MaskRowFacts<I>& r, int video, I window, I dilation, I i, I j, I b,
+                                            bool sink) {
+    if (j == i) return true;      // no row is empty
+    if (r.a < 0) return j < i;    // text query: causal
+    if (j >= r.hi) return false;  // after the query (after its image, when bidirectional)
+    if (b < 0) return true;       // a text key before the query
+    const int t = r.tmpl;
+    if (b != r.a) return t == 0 ? true : (t == 2 ? false : sink);  // an earlier image: Dense all, Document none,
+                                                                   // Sink / Document-Sink its sinks
+    if (t == 1 && !sink) return false;  // Sink, own image: only its sinks (and i itself)
+    if (r.T == 0) return true;          // an image, or no video mask
+    if (j > i) return false;            // video masks are causal
+    const I fi = (i - r.vs) / r.T, si = (i - r.vs) - fi * r.T, fj = (j - r.vs) / r.T, sj = (j - r.vs) - fj * r.T;
+    const I W = window > 0 ? window : r.T;
+    switch (video) {
+        case 1: return fj == 0 || fj == fi;
+        case 2: return fj == 0 || (fj == fi - 1 && sj == si);
+        case 3: return fj == 0 || fj == fi || (fj == fi - 1 && sj == si);
+        case 4: return i - j < W;
+        case 5: return (i - j) % dilation == 0 && (i - j) / dilation < W;
+        default: return true;
+    }
+}
+
+// A MaskContext (masks/templates.hpp) as pointers into host or device memory.
+template <class I>
+struct MaskContextView {
+    I n = 0;
+    const std::int32_t* token_image = nullptr;  // [n] image of each token, -1 for text
+    const std::uint8_t* token_sink = nullptr;   // [n] 1 when the token is a sink of its image
+    const I* image_start = nullptr;             // [images]
+    const I* image_end = nullptr;               // [images]
+    const I* frame_tokens = nullptr;            // [images] tokens per frame of a video, 0 for an image
+                                                // (may be null when video == 0)
+    int bidirectional = 0;
+    int video = 0;  // VideoMask
+    I video_window = 0;
+    I video_dilation = 1;
+
+    VLSPARSE_HD MaskRowFacts<I> row(int tmpl, I i) const {
+        MaskRowFacts<I> r;
+        r.tmpl = tmpl;
+        r.a = token_image[i];
+        r.hi = i + 1;
+        if (r.a >= 0) {
+            if (bidirectional) r.hi = image_end[r.a];
+            r.vs = image_start[r.a];
+            r.T = video ? frame_tokens[r.a] : 0;
+        }
+        return r;
+    }
+    VLSPARSE_HD bool allows(int tmpl, I i, I j) const {
+        return mask_rule_allows(row(tmpl, i), video, video_window, video_dilation, i, j, static_cast<I>(token_image[j]),
+                                token_sink[j] != 0);
+    }
+};
+
+// A BlockMask (masks/block_mask.hpp): the context and the template of each query head.
+template <class I>
+struct BlockMaskView {
+    MaskContextView<I> context;
+    const std::uint8_t* head_template = nullptr;  // [H] MaskTemplate of each query head
+
+    VLSPARSE_HD bool allows(I h, I i, I j) const { return context.allows(head_template[h], i, j); }
+};
+
+}  // namespace vlsparse
