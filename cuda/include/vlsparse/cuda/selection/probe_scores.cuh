@@ -203,9 +203,10 @@ constexpr int probe_stage_bytes() {
     return (D / 16) * 32 * 16 + 16 * 4 + 16 * 4;
 }
 inline constexpr int kProbeStages = 8;  // chunks in flight: an iteration is short, L2 latency is not
-// Blocks per multiprocessor the kernel is compiled for (registers <= 65536 / (128 x 5) = 102; the
-// launcher asks for the shared-memory carveout that holds them): the loop is latency-bound, so more
-// resident warps hide more of it.
+// Blocks per multiprocessor pass 1 is compiled for (registers <= 65536 / (128 x 5) = 102; the launcher
+// asks for the shared-memory carveout that holds them): its loop is latency-bound, so more resident
+// warps hide more of it (H200, ZipVL at 16K: 114 -> 105 us). Pass 2 keeps 4: held to 102 registers it
+// spilled and ran 8% slower (73 -> 79 us).
 inline constexpr int kProbeBlocksPerSM = 5;
 
 template <class T, int D>
@@ -224,7 +225,7 @@ constexpr std::size_t probe_cols_smem_bytes() {
 //   else:  per key, the sum over the rows of 2^(c s - lse[row])       -> col[g, key].
 // Every sum runs in a fixed order (rows in chunk order, lanes and warps by fixed trees).
 template <class T, int D, bool Pass1>
-__global__ void __launch_bounds__(kProbeThreads, kProbeBlocksPerSM) probe_cols_mma_kernel(const __grid_constant__ ProbeArgs a) {
+__global__ void __launch_bounds__(kProbeThreads, Pass1 ? kProbeBlocksPerSM : 4) probe_cols_mma_kernel(const __grid_constant__ ProbeArgs a) {
     constexpr int KS = D / 16, NT = 4, ST = kProbeStages, SB = probe_stage_bytes<D>();
     static_assert(D == 64 || D == 128, "tensor-core probe scores take head dims padded to 64 or 128");
     extern __shared__ __align__(16) unsigned char smem[];

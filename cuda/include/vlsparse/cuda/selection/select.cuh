@@ -186,11 +186,20 @@ __device__ void radix_hist(RadixShared& sh, const RadixTeam& team, const Score& 
     }
     team.sync();
     for (int b = threadIdx.x; b < 256; b += blockDim.x) {
+        // Every block's counter loaded before any is added (remote loads in flight together).
+        unsigned c8[kMaxTeam];
+        unsigned long long m8[kMaxTeam];
+#pragma unroll
+        for (int r = 0; r < kMaxTeam; ++r) {
+            c8[r] = r < team.size ? *team.peer(&sh.cnt[P][b], r) : 0u;
+            m8[r] = Mass && r < team.size ? *team.peer(&sh.mass[P][b], r) : 0ull;
+        }
         unsigned tc = 0;
         unsigned long long tm = 0;
-        for (int r = 0; r < team.size; ++r) {
-            tc += *team.peer(&sh.cnt[P][b], r);
-            if (Mass) tm += *team.peer(&sh.mass[P][b], r);
+#pragma unroll
+        for (int r = 0; r < kMaxTeam; ++r) {
+            tc += c8[r];
+            tm += m8[r];
         }
         sh.tcnt[b] = tc;
         sh.tmass[b] = tm;
