@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "vlsparse/core/tensor.hpp"
 #include "vlsparse/io/blindsight_json.hpp"
 #include "vlsparse/io/golden.hpp"
 #include "vlsparse/masks/flops.hpp"
