@@ -99,7 +99,7 @@ void run(const char* dtype, std::int64_t n, double frac, int reps, double bw) {
     cache.assign(View3<const T>(k.data(), {n, Hkv, d}), View3<const T>(v.data(), {n, Hkv, d}));
     // 10% contiguous rows at the end ("text" + decode tokens), the rest of the budget scattered.
     const CacheRows rows{bench::avl_shaped_rows(n, frac, rng)};
-    const auto m = static_cast<std::int64_t>(rows[0].size());
+    const std::int64_t m = rows.longest();
     std::vector<float> out(static_cast<std::size_t>(H * d));
     const View2<const T> qv(q.data(), {H, d});
     const View2<float> ov(out.data(), {H, d});
@@ -113,10 +113,11 @@ void run(const char* dtype, std::int64_t n, double frac, int reps, double bw) {
     // timing: its decode time alone is also the floor for reading 30% of the rows contiguously).
     std::vector<T> gk(static_cast<std::size_t>(m * Hkv * d)), gv(gk.size());
     auto gather = [&] {
-        for (std::size_t r = 0; r < rows[0].size(); ++r)
+        const auto list = rows.list(0);
+        for (std::size_t r = 0; r < list.size(); ++r)
             for (std::int64_t g = 0; g < Hkv; ++g) {
-                std::copy_n(cache.k(g).data + rows[0][r] * d, d, gk.data() + (static_cast<std::int64_t>(r) * Hkv + g) * d);
-                std::copy_n(cache.v(g).data + rows[0][r] * d, d, gv.data() + (static_cast<std::int64_t>(r) * Hkv + g) * d);
+                std::copy_n(cache.k(g).data + list[r] * d, d, gk.data() + (static_cast<std::int64_t>(r) * Hkv + g) * d);
+                std::copy_n(cache.v(g).data + list[r] * d, d, gv.data() + (static_cast<std::int64_t>(r) * Hkv + g) * d);
             }
     };
     const double t_copy = median_seconds(reps, gather);

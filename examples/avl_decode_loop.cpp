@@ -54,7 +54,7 @@ int main() {
     schedule.begin_step(steps);
     const vs::CacheRows rows = vs::rows_for_positions(cache, schedule.positions(steps, cache.seq_len()));
     std::printf("step %lld (%s) would read %zu rows (rows %lld, %lld, ...)\n", static_cast<long long>(steps),
-                schedule.is_refresh(steps) ? "refresh" : "core", rows[0].size(), static_cast<long long>(rows[0][0]),
-                static_cast<long long>(rows[0][1]));
+                schedule.is_refresh(steps) ? "refresh" : "core", rows.list(0).size(), static_cast<long long>(rows.list(0)[0]),
+                static_cast<long long>(rows.list(0)[1]));
     return 0;
 }

@@ -90,8 +90,7 @@ int main() {
                     cached.indices.emplace_back(cache.positions(g).begin(), cache.positions(g).end());
                 const vs::TokenSelection read = policy.decode_read(l, t, cached);
                 const vs::CacheRows rows = vs::rows_for_positions(cache, read);
-                std::size_t L = 0;
-                for (const auto& r : rows) L = std::max(L, r.size());
+                const auto L = static_cast<std::size_t>(rows.longest());
                 std::vector<float> out(static_cast<std::size_t>(H * d)), probs(static_cast<std::size_t>(H) * L);
                 vs::simd::indexed_decode_attention(vs::View2<const float>(qn.data(), {H, d}), cache, rows,
                                                    vs::View2<float>(out.data(), {H, d}),

@@ -129,14 +129,9 @@ std::vector<double> gpu_decode(View2<const T> q, const KvCache<T>& cache, const 
 // Every cached row of each KV head.
 template <class T>
 CacheRows all_rows(const KvCache<T>& cache, std::int64_t& longest) {
-    CacheRows rows(static_cast<std::size_t>(cache.n_kv_heads()));
-    longest = 0;
-    for (std::int64_t g = 0; g < cache.n_kv_heads(); ++g) {
-        auto& r = rows[static_cast<std::size_t>(g)];
-        r.resize(static_cast<std::size_t>(cache.rows(g)));
-        for (std::size_t i = 0; i < r.size(); ++i) r[i] = static_cast<std::int64_t>(i);
-        longest = std::max<std::int64_t>(longest, cache.rows(g));
-    }
+    CacheRows rows;
+    for (std::int64_t g = 0; g < cache.n_kv_heads(); ++g) rows.push_all(cache.rows(g));
+    longest = rows.longest();
     return rows;
 }
 

@@ -353,7 +353,7 @@ std::vector<std::vector<double>> group_means(const std::vector<float>& probs, st
     std::vector<std::vector<double>> a(static_cast<std::size_t>(Hkv));
     const std::int64_t qpk = H / Hkv;
     for (std::int64_t g = 0; g < Hkv; ++g) {
-        a[g].assign(rows[rows.size() == 1 ? 0 : g].size(), 0.0);
+        a[g].assign(rows.for_kv_head(g).size(), 0.0);
         for (std::int64_t h = g * qpk; h < (g + 1) * qpk; ++h)
             for (std::size_t i = 0; i < a[g].size(); ++i) a[g][i] += probs[static_cast<std::size_t>(h) * L + i] / static_cast<double>(qpk);
     }
@@ -486,8 +486,7 @@ TEST_CASE("baselines: H2OPolicy keeps the cache within budget during decode", "[
             const TokenSelection read = pol.decode_read(0, t, cached);
             REQUIRE(read.indices == cached.indices);
             const CacheRows rows = rows_for_positions(cache, read);
-            std::size_t Lmax = 0;
-            for (const auto& r : rows) Lmax = std::max(Lmax, r.size());
+            const auto Lmax = static_cast<std::size_t>(rows.longest());
             std::vector<float> probs(static_cast<std::size_t>(H) * Lmax);
             simd::indexed_decode_attention(View2<const float>(dq.data() + t * H * d, {H, d}), cache, rows,
                                            View2<float>(out.data(), {H, d}), View2<float>(probs.data(), {H, static_cast<std::int64_t>(Lmax)}));
@@ -743,8 +742,7 @@ TEST_CASE("baselines: H2OPolicy and StreamingLLMPolicy reproduce the golden deco
                          View2<const float>(c.dv.data() + t * c.Hkv * c.d, {c.Hkv, c.d}));
             const TokenSelection read = pol.decode_read(0, t, cached_of(cache));
             const CacheRows rows = rows_for_positions(cache, read);
-            std::size_t L = 0;
-            for (const auto& r : rows) L = std::max(L, r.size());
+            const auto L = static_cast<std::size_t>(rows.longest());
             std::vector<float> probs(static_cast<std::size_t>(c.H) * L);
             simd::indexed_decode_attention(View2<const float>(c.dq.data() + t * c.H * c.d, {c.H, c.d}), cache, rows,
                                            View2<float>(out.data(), {c.H, c.d}), View2<float>(probs.data(), {c.H, static_cast<std::int64_t>(L)}));

@@ -213,10 +213,9 @@ void oracle(const Case<T>& c, std::vector<double>& out, std::vector<double>& pro
             for (std::int64_t l = 0; l < c.lists_per_seq; ++l) {
                 auto r = c.list(b, l);
                 r.erase(std::upper_bound(r.begin(), r.end(), pos), r.end());
-                rows.push_back(r);
+                rows.push(r);
             }
-            std::size_t L = 0;
-            for (const auto& r : rows) L = std::max(L, r.size());
+            const auto L = static_cast<std::size_t>(rows.longest());
             std::vector<double> p(static_cast<std::size_t>(H) * L);
             reference::indexed_decode_attention(View2<const T>(c.q.data() + row * H * d, {H, d}), cache, rows,
                                                 View2<double>(out.data() + row * H * d, {H, d}),
@@ -225,7 +224,7 @@ void oracle(const Case<T>& c, std::vector<double>& out, std::vector<double>& pro
             for (std::int64_t h = 0; h < H; ++h) {
                 const std::int64_t l = c.lists_per_seq == 1 ? 0 : h / group;
                 const auto e0 = c.list_indptr[static_cast<std::size_t>(b * c.lists_per_seq + l)];
-                for (std::size_t t = 0; t < rows[static_cast<std::size_t>(l)].size(); ++t)
+                for (std::size_t t = 0; t < rows.list(l).size(); ++t)
                     probs[static_cast<std::size_t>(e0) + t] += p[static_cast<std::size_t>(h) * L + t];
             }
         }
@@ -352,11 +351,13 @@ TEST_CASE("batched decode: the reference with B = 1, a contiguous cache and q_le
         CacheRows rows;
         std::vector<std::int32_t> indptr{0}, indices;
         for (std::int64_t l = 0; l < (per_head ? Hkv : 1); ++l) {
-            rows.push_back(vt::random_subset(n, 20 + 7 * l, seed + 10 + static_cast<std::uint64_t>(l)));
-            for (auto r : rows.back()) indices.push_back(static_cast<std::int32_t>(r));
+            rows.push(vt::random_subset(n, 20 + 7 * l, seed + 10 + static_cast<std::uint64_t>(l)));
+            for (auto r : rows.list(rows.lists() - 1)) indices.push_back(r);
             indptr.push_back(static_cast<std::int32_t>(indices.size()));
         }
-        const auto lps = static_cast<std::int32_t>(rows.size());
+        const auto lps = static_cast<std::int32_t>(rows.lists());
+        REQUIRE(std::ranges::equal(rows.indptr(), indptr));  // CacheRows is this CSR: its view() reads the same arrays
+        REQUIRE(std::ranges::equal(rows.indices(), indices));
         const std::int64_t L = 20 + 7 * (lps - 1);
         std::vector<double> o_i(static_cast<std::size_t>(H * d)), p_i(static_cast<std::size_t>(H * L));
         reference::indexed_decode_attention(View2<const float>(q.data(), {H, d}), cache, rows,
@@ -369,7 +370,7 @@ TEST_CASE("batched decode: the reference with B = 1, a contiguous cache and q_le
         REQUIRE(o_b == o_i);  // bit for bit
         const std::int64_t readers = lps == 1 ? H : H / Hkv;
         for (std::int64_t l = 0; l < lps; ++l)
-            for (std::size_t t = 0; t < rows[static_cast<std::size_t>(l)].size(); ++t) {
+            for (std::size_t t = 0; t < rows.list(l).size(); ++t) {
                 double mean = 0.0;
                 for (std::int64_t h = 0; h < H; ++h)
                     if (lps == 1 || h / (H / Hkv) == l) mean += p_i[static_cast<std::size_t>(h * L) + t];

@@ -798,8 +798,8 @@ DirectForward direct_dense_forward(const Scenario& s) {
             auto& c = caches[static_cast<std::size_t>(l)];
             model.project(l, x, std::span<const std::int64_t>(&p, 1), q, k, v);
             c.append(View2<const float>(k.data(), {Hkv, d}), View2<const float>(v.data(), {Hkv, d}));
-            CacheRows rows(1);
-            for (std::int64_t r = 0; r < c.rows(0); ++r) rows[0].push_back(r);
+            CacheRows rows;
+            rows.push_all(c.rows(0));
             o.assign(static_cast<std::size_t>(H * d), 0.0f);
             simd::indexed_decode_attention(View2<const float>(q.data(), {H, d}), c, rows, View2<float>(o.data(), {H, d}));
             model.update(l, x, o);

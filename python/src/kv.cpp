@@ -87,14 +87,14 @@ void bind_cache_decode(py::module_& m) {
        "One decode step over a vlsparse.KvCache: q [H, d] (the cache's dtype; the new token, whose K/V "
        "cache.append has added) attends to every row the cache holds for its KV head -> out [H, d] float32.");
 
-    m.def("indexed_decode_attention", [](py::array q, const PyKvCache& cache, const CacheRows& rows, bool probs, float scale,
-                                         bool check_finite) -> py::object {
+    m.def("indexed_decode_attention", [](py::array q, const PyKvCache& cache, const std::vector<std::vector<std::int64_t>>& lists,
+                                         bool probs, float scale, bool check_finite) -> py::object {
         constexpr const char* fn = "indexed_decode_attention";
+        const CacheRows rows(lists);
         const py::array qa = decode_query(cache, q, fn);
         const py::ssize_t H = qa.shape(0), d = qa.shape(1);
         py::array_t<float> out(std::vector<py::ssize_t>{H, d});
-        std::size_t L = 0;
-        for (const auto& l : rows) L = std::max(L, l.size());
+        const std::int64_t L = rows.longest();
         py::array_t<double> p(std::vector<py::ssize_t>{probs ? H : 0, static_cast<py::ssize_t>(L)});
         View2<float> o(out.mutable_data(), {H, d});
         double* pp = probs ? p.mutable_data() : nullptr;
@@ -102,7 +102,7 @@ void bind_cache_decode(py::module_& m) {
             using T = typename decltype(tag)::type;
             const auto Q = view<T, 2>(qa, fn, "q");
             cache.read_nogil<T>([&](const KvCache<T>& c) {
-                B::indexed(Q, c, rows, o, pp, static_cast<std::int64_t>(L), AttentionOptions{scale, check_finite});
+                B::indexed(Q, c, rows, o, pp, L, AttentionOptions{scale, check_finite});
             });
         });
         if (probs) return py::make_tuple(out, p);
@@ -115,6 +115,16 @@ void bind_cache_decode(py::module_& m) {
 }
 
 // ---- the cache ----------------------------------------------------------------------------------
+
+// CacheRows as Python sees row lists: one int64 array per list.
+py::list rows_as_arrays(const CacheRows& rows) {
+    py::list l;
+    for (std::int64_t i = 0; i < rows.lists(); ++i) {
+        const auto r = rows.list(i);
+        l.append(to_array(std::vector<std::int64_t>(r.begin(), r.end())));
+    }
+    return l;
+}
 
 std::vector<std::int64_t> positions_arg(const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& a,
                                         const char* fn, const char* name) {
@@ -247,7 +257,7 @@ void bind_cache_class(py::module_& m) {
             });
         }, "g"_a, "KV head g's V rows [rows, d] (a copy, in the cache's dtype).")
         .def("rows_for_positions", [](const PyKvCache& c, const TokenSelection& sel) {
-            return to_list_of_arrays(dispatch(c.dtype(), [&](auto tag) {
+            return rows_as_arrays(dispatch(c.dtype(), [&](auto tag) {
                 using T = typename decltype(tag)::type;
                 return c.read<T>([&](const KvCache<T>& k) { return rows_for_positions(k, sel); });
             }));
@@ -256,7 +266,7 @@ void bind_cache_class(py::module_& m) {
            "reads); a position the cache does not hold is an error.")
         .def("rows_for_positions", [](const PyKvCache& c, py::array_t<std::int64_t, py::array::c_style | py::array::forcecast> positions) {
             const std::vector<std::int64_t> pos = positions_arg(positions, "rows_for_positions", "positions");
-            return to_list_of_arrays(dispatch(c.dtype(), [&](auto tag) {
+            return rows_as_arrays(dispatch(c.dtype(), [&](auto tag) {
                 using T = typename decltype(tag)::type;
                 return c.read<T>([&](const KvCache<T>& k) { return rows_for_positions(k, std::span<const std::int64_t>(pos)); });
             }));

@@ -86,7 +86,7 @@ template <class T>
 void compare(const KvCache<T>& cache, const CacheRows& rows, std::int64_t H, std::uint64_t seed, bool strided_q = false) {
     const std::int64_t d = cache.head_dim();
     INFO("dtype bytes " << sizeof(T) << ", H " << H << ", H_kv " << cache.n_kv_heads() << ", d " << d << ", lists "
-                        << rows.size() << ", first list " << rows[0].size() << ", seed " << seed);
+                        << rows.lists() << ", first list " << rows.list(0).size() << ", seed " << seed);
     const auto q = uniform(static_cast<std::size_t>(H * d), seed);
     std::vector<double> ref(static_cast<std::size_t>(H * d));
     reference::indexed_decode_attention(View2<const float>(q.data(), {H, d}), cache, rows, View2<double>(ref.data(), {H, d}));
@@ -145,7 +145,7 @@ TEST_CASE("cuda indexed decode: matches the reference over dtypes, GQA ratios, h
                     compare(ch, shared, H, s + 3, /*strided_q=*/true);
                     CacheRows per;
                     for (std::int64_t g = 0; g < Hkv; ++g)
-                        per.push_back(random_subset(n, std::max<std::int64_t>(1, len - g * 5), s + 4 + static_cast<std::uint64_t>(g)));
+                        per.push(random_subset(n, std::max<std::int64_t>(1, len - g * 5), s + 4 + static_cast<std::uint64_t>(g)));
                     compare(cb, per, H, s + 6);
                 }
             }
@@ -156,18 +156,15 @@ TEST_CASE("cuda indexed decode: matches the reference over dtypes, GQA ratios, h
 TEST_CASE("cuda indexed decode: every row listed is dense decode, also after per-head eviction", "[cuda][indexed]") {
     const std::int64_t n = 1000, H = 16, Hkv = 4, d = 128;
     auto cache = random_cache<bfloat16>(n, Hkv, d, base_seed() + 2000);
-    CacheRows all{std::vector<std::int64_t>(static_cast<std::size_t>(n))};
-    std::iota(all[0].begin(), all[0].end(), std::int64_t{0});
+    CacheRows all;
+    all.push_all(n);
     compare(cache, all, H, base_seed() + 2001);
     TokenSelection keep;
     keep.n = n;
     for (std::int64_t g = 0; g < Hkv; ++g) keep.indices.push_back(random_subset(n, 200 + 50 * g, base_seed() + 2002 + static_cast<std::uint64_t>(g)));
     cache.keep(keep);
     CacheRows per;
-    for (std::int64_t g = 0; g < Hkv; ++g) {
-        per.emplace_back(static_cast<std::size_t>(cache.rows(g)));
-        std::iota(per.back().begin(), per.back().end(), std::int64_t{0});
-    }
+    for (std::int64_t g = 0; g < Hkv; ++g) per.push_all(cache.rows(g));
     compare(cache, per, H, base_seed() + 2010);
 }
 
@@ -204,7 +201,7 @@ TEST_CASE("cuda indexed decode: bad input is a clear error", "[cuda][indexed][er
     REQUIRE_THROWS_WITH(cuda::DeviceRowLists(CacheRows{{3, 1}}, cache), Contains("not sorted"));
     REQUIRE_THROWS_WITH(cuda::DeviceRowLists(CacheRows{{1, 20}}, cache), Contains("20"));
     REQUIRE_THROWS_WITH(cuda::DeviceRowLists(CacheRows{{1}, {2}, {3}}, cache), Contains("3 lists"));
-    REQUIRE_THROWS_WITH(cuda::DeviceRowLists(CacheRows{{1, 20}}, Hkv, dc.rows()), Contains("outside the cache"));
+    REQUIRE_THROWS_WITH(cuda::DeviceRowLists(CacheRows{{1, 20}}, Hkv, dc.rows()), Contains("expected a row in [0, 20)"));
     cuda::DeviceRowLists dl(CacheRows{{0, 5, 19}}, cache);
     DeviceBuffer<float> q(static_cast<std::size_t>(H * d)), out(static_cast<std::size_t>(H * d));
     const auto run = [&](std::int64_t h, std::int64_t dd, const std::string& msg) {

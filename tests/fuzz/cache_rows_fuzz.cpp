@@ -104,10 +104,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     try {
         const CacheRows rows = vlsparse::rows_for_positions(cache, sel);
         FUZZ_CHECK(sel_ok, "rows_for_positions accepted invalid positions");
-        FUZZ_CHECK(static_cast<std::int64_t>(rows.size()) == Hkv, "rows_for_positions gave ", rows.size(), " lists");
+        FUZZ_CHECK(rows.lists() == Hkv, "rows_for_positions gave ", rows.lists(), " lists");
         for (std::int64_t g = 0; g < Hkv; ++g) {
             const auto want = sel.for_kv_head(g);
-            const auto& r = rows[static_cast<std::size_t>(g)];
+            const auto r = rows.list(g);
             FUZZ_CHECK(r.size() == want.size(), "rows_for_positions: list ", g, " has ", r.size(), " rows");
             for (std::size_t i = 0; i < r.size(); ++i)
                 FUZZ_CHECK(cache.positions(g)[static_cast<std::size_t>(r[i])] == want[i], "row ", r[i],
@@ -118,12 +118,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         FUZZ_CHECK(!sel_ok, "rows_for_positions refused valid positions: ", e.what());
     }
 
-    // CacheRows through indexed decode: accepted exactly when the rows are valid.
-    const CacheRows rows = lists(in);
+    // CacheRows through indexed decode: accepted exactly when the rows are valid (entries beyond
+    // int32 are refused when the CacheRows is built).
+    const auto raw = lists(in);
     const std::int64_t H = Hkv * (1 + in.u8() % 2);
-    const bool rows_ok = lists_valid(rows, Hkv, true, [&](std::int64_t g, std::int64_t r) { return r >= 0 && r < cache.rows(g); });
+    const bool rows_ok = lists_valid(raw, Hkv, true, [&](std::int64_t g, std::int64_t r) { return r >= 0 && r < cache.rows(g); });
     std::vector<float> q(static_cast<std::size_t>(H * d), 0.5f), out(static_cast<std::size_t>(H * d), -7.0f);
     try {
+        const CacheRows rows(raw);
         vlsparse::reference::indexed_decode_attention(vlsparse::View2<const float>(q.data(), {H, d}), cache, rows,
                                                       vlsparse::View2<float>(out.data(), {H, d}));
         FUZZ_CHECK(rows_ok, "indexed_decode_attention accepted invalid rows");

@@ -41,34 +41,7 @@ namespace vlsparse::simd {
 
 namespace detail {
 
-// Double-precision attention of one query row over rows[0:m) of sequence b, KV head g (the fallback
-// for rows whose fp32 softmax overflowed). probs gets the probabilities, o (length d) the output.
-template <class TQ, class TC>
-void attend_batch_row_double(const TQ* q, std::int64_t q_stride, const KvBatchView<const TC>& cache, std::int64_t b,
-                             std::int64_t g, const std::int64_t* rows, std::int64_t m, double scale,
-                             std::vector<double>& probs, double* o) {
-    const std::int64_t d = cache.head_dim;
-    probs.assign(static_cast<std::size_t>(m), 0.0);
-    std::fill(o, o + d, 0.0);
-    double mx = -std::numeric_limits<double>::infinity();
-    for (std::int64_t t = 0; t < m; ++t) {
-        const TC* kr = cache.k_row(b, rows[t], g);
-        double s = 0.0;
-        for (std::int64_t c = 0; c < d; ++c) s += static_cast<double>(to_float(q[c * q_stride])) * static_cast<double>(to_float(kr[c]));
-        probs[static_cast<std::size_t>(t)] = s * scale;
-        mx = std::max(mx, probs[static_cast<std::size_t>(t)]);
-    }
-    double sum = 0.0;
-    for (auto& p : probs) {
-        p = std::exp(p - mx);
-        sum += p;
-    }
-    for (auto& p : probs) p /= sum;
-    for (std::int64_t t = 0; t < m; ++t) {
-        const TC* vr = cache.v_row(b, rows[t], g);
-        for (std::int64_t c = 0; c < d; ++c) o[c] += probs[static_cast<std::size_t>(t)] * static_cast<double>(to_float(vr[c]));
-    }
-}
+// attend_batch_row_double (the double fallback of a row): attention/indexed_decode.hpp.
 
 // The engine. acc: null, or one float per list entry (zeroed by the caller) receiving
 // sum_{i, h reading the list} P_{i,h}(row). chunk: list entries per work item (tests use tiny ones).

@@ -4,7 +4,8 @@
 //
 // The newest token (whose K/V the caller has already appended) attends to every row the cache holds
 // for its KV head -- after eviction (KvCache::keep) that is the kept set, ZipVL's decode phase
-// (Algorithm 2). Same signature and semantics as vlsparse::reference::decode_attention.
+// (Algorithm 2); or every row of an engine's own cache (a batch-of-one KvBatchView). Same signatures
+// and semantics as vlsparse::reference::decode_attention.
 // It is the indexed decode engine (vlsparse/attention/indexed_decode.hpp) with every row listed:
 // each list is one run of consecutive rows, so fp32 caches are read in place and fp16/bf16 rows are
 // widened chunk by chunk; work items (KV head, chunk of rows) run in parallel with OpenMP, each a
@@ -21,12 +22,8 @@ namespace detail {
 // Every row of every KV head, in order: the row lists of a full decode step.
 template <class TC>
 CacheRows all_cache_rows(const KvCache<TC>& cache) {
-    CacheRows rows(static_cast<std::size_t>(cache.n_kv_heads()));
-    for (std::int64_t g = 0; g < cache.n_kv_heads(); ++g) {
-        auto& l = rows[static_cast<std::size_t>(g)];
-        l.resize(static_cast<std::size_t>(cache.rows(g)));
-        for (std::size_t t = 0; t < l.size(); ++t) l[t] = static_cast<std::int64_t>(t);
-    }
+    CacheRows rows;
+    for (std::int64_t g = 0; g < cache.n_kv_heads(); ++g) rows.push_all(cache.rows(g));
     return rows;
 }
 
@@ -70,6 +67,24 @@ void decode_attention(View2<const TQ> q, const KvCache<TC>& cache, View2<TO> out
         }
     }
     detail::run_decode<Arch>(q, cache, out, scale);
+    if (opt.check_finite) ::vlsparse::detail::check_narrowed_output(out, fn, "out");
+}
+
+// The same step over an engine's own cache: a batch-of-one KvBatchView (host memory; every KV head
+// holds cache.seq_lens[0] rows), read in place. Same results as the KvCache overload holding the same
+// rows, bit for bit.
+template <ElementType TQ, ElementType TC, OutputElement TO, class Arch = detail::native_arch>
+void decode_attention(View2<const TQ> q, const KvBatchView<const TC>& cache, View2<TO> out,
+                      const AttentionOptions& opt = {}) {
+    constexpr const char* fn = "simd::decode_attention";
+    detail::check_decode_shapes(q, cache.n_kv_heads, cache.head_dim, out, fn);
+    const std::int64_t len = ::vlsparse::detail::check_sequence_cache(cache, q.shape[0], out, fn);
+    CacheRows all;
+    all.push_all(len);  // one list: every KV head of a view holds the same rows
+    const auto heads = ::vlsparse::detail::decode_heads(cache);
+    const std::span<const detail::DecodeHead<TC>> hs(heads);
+    const float scale = detail::check_decode_values<Arch>(q, hs, all, opt, fn);
+    detail::run_indexed_decode<Arch>(q, hs, all, out, scale, nullptr, 0);
     if (opt.check_finite) ::vlsparse::detail::check_narrowed_output(out, fn, "out");
 }
 

@@ -146,8 +146,7 @@ AvlStep avl_decode_step_over(const KvCache<TC>& cache, std::int64_t H, DecodeSch
         return st;
     }
     const std::int64_t group = H / cache.n_kv_heads();
-    std::size_t L = 0;
-    for (const auto& l : rows) L = std::max(L, l.size());
+    const auto L = static_cast<std::size_t>(rows.longest());
     std::vector<P> probs(static_cast<std::size_t>(H) * L);
     decode(rows, probs.data(), static_cast<std::int64_t>(L));
     std::vector<double> score(static_cast<std::size_t>(cache.seq_len()), 0.0);

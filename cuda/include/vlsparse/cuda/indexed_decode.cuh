@@ -64,8 +64,9 @@ private:
     DeviceArray<std::int32_t> len_;
 };
 
-// An owning device copy of host CacheRows as the CSR a decode step reads (BatchRowLists of batch 1),
-// checked on the host first as the CPU path checks them; keeps the host indptr a plan needs.
+// An owning device copy of host CacheRows (the same CSR arrays: two copies, no conversion), the
+// BatchRowLists of batch 1 a decode step reads; checked on the host first by the check of every
+// backend (detail::check_cache_rows); keeps the host indptr a plan needs.
 class DeviceRowLists {
 public:
     // Checked against the host cache the device copy was made from.
@@ -74,21 +75,10 @@ public:
         ::vlsparse::detail::check_cache_rows(host_cache, lists, "cuda::DeviceRowLists");
         upload(lists);
     }
-    // Checked against a batch-of-one device cache (rows below the sequence's length, given on the host).
+    // Checked against a batch-of-one device cache whose KV heads hold `rows` rows each (given on the host).
     DeviceRowLists(const CacheRows& lists, std::int64_t n_kv_heads, std::int64_t rows) {
-        constexpr const char* fn = "cuda::DeviceRowLists";
-        const auto n = static_cast<std::int64_t>(lists.size());
-        detail::require(n == 1 || n == n_kv_heads, fn, "got ", n, " row lists, expected 1 (shared) or H_kv = ", n_kv_heads);
-        for (std::int64_t i = 0; i < n; ++i) {
-            const auto& l = lists[static_cast<std::size_t>(i)];
-            detail::require(!l.empty(), fn, "row list ", i, " is empty; expected at least one row");
-            for (std::size_t t = 0; t < l.size(); ++t) {
-                detail::require(l[t] >= 0 && l[t] < rows, fn, "row list ", i, " entry ", t, " = ", l[t],
-                                " is outside the cache's ", rows, " rows");
-                detail::require(t == 0 || l[t] > l[t - 1], fn, "row list ", i,
-                                " is not sorted ascending without duplicates at entry ", t);
-            }
-        }
+        ::vlsparse::detail::check_cache_rows(lists, n_kv_heads, [rows](std::int64_t) { return rows; },
+                                             "cuda::DeviceRowLists");
         upload(lists);
     }
     BatchRowLists view() const { return {indptr_d_.data(), rows_d_.data(), lists_per_seq_}; }
@@ -98,16 +88,11 @@ public:
 
 private:
     void upload(const CacheRows& lists) {
-        std::vector<std::int32_t> flat;
-        indptr_.assign(1, 0);
-        for (const auto& l : lists) {
-            for (auto r : l) flat.push_back(static_cast<std::int32_t>(r));
-            indptr_.push_back(static_cast<std::int32_t>(flat.size()));
-            longest_ = std::max<std::int64_t>(longest_, static_cast<std::int64_t>(l.size()));
-        }
-        lists_per_seq_ = static_cast<std::int32_t>(lists.size());
+        indptr_.assign(lists.indptr().begin(), lists.indptr().end());
+        longest_ = lists.longest();
+        lists_per_seq_ = static_cast<std::int32_t>(lists.lists());
         indptr_d_ = DeviceArray<std::int32_t>(indptr_);
-        rows_d_ = DeviceArray<std::int32_t>(flat);
+        rows_d_ = DeviceArray<std::int32_t>(lists.indices());
     }
 
     std::vector<std::int32_t> indptr_;

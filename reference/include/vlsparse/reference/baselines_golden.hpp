@@ -138,15 +138,11 @@ std::vector<NamedArray> run_h2o(const BaselineCaseInputs& c, double& margin) {
     std::vector<float> out(static_cast<std::size_t>(S * H * d));
     for (std::int64_t t = 0; t < S; ++t) {
         cache.append(View2<const T>(dk.data() + t * Hkv * d, {Hkv, d}), View2<const T>(dv.data() + t * Hkv * d, {Hkv, d}));
-        CacheRows rows(static_cast<std::size_t>(Hkv));
-        std::size_t L = 0;
-        for (std::int64_t g = 0; g < Hkv; ++g) {
-            rows[static_cast<std::size_t>(g)].resize(static_cast<std::size_t>(cache.rows(g)));
-            std::iota(rows[static_cast<std::size_t>(g)].begin(), rows[static_cast<std::size_t>(g)].end(), std::int64_t{0});
-            L = std::max(L, rows[static_cast<std::size_t>(g)].size());
-        }
+        CacheRows rows;
+        for (std::int64_t g = 0; g < Hkv; ++g) rows.push_all(cache.rows(g));
+        const auto L = static_cast<std::size_t>(rows.longest());
         const auto probs = Backend::decode(View2<const T>(dq.data() + t * H * d, {H, d}), cache, rows,
-                                           View2<float>(out.data() + t * H * d, {H, d}), static_cast<std::int64_t>(L));
+                                           View2<float>(out.data() + t * H * d, {H, d}), rows.longest());
         for (std::int64_t h = 0; h < H; ++h) {
             const std::int64_t g = h / (H / Hkv);
             auto& a = acc[static_cast<std::size_t>(G == 1 ? 0 : g)];

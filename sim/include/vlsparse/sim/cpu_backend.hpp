@@ -129,8 +129,7 @@ public:
         const auto& cache = static_cast<CpuCache&>(c).kv();
         const std::int64_t H = shape_.heads, Hkv = shape_.kv_heads, d = shape_.head_dim, grp = H / Hkv;
         const CacheRows rows = rows_for_positions(cache, read);
-        std::size_t L = 0;
-        for (const auto& li : rows) L = std::max(L, li.size());
+        const auto L = static_cast<std::size_t>(rows.longest());
         std::vector<float> probs(static_cast<std::size_t>(H) * L);
         SimDecode r;
         r.out.assign(static_cast<std::size_t>(H * d), 0.0f);
