@@ -206,23 +206,39 @@ __global__ void __launch_bounds__(kSelectThreads) mark_topk_kernel(const __grid_
     team.sync();  // no block leaves while another may still read its shared memory
 }
 
-// Group g's kept positions (keep[g][j] != 0) into lists + g * n, ascending; count[g]. One block per group.
+struct KeepListsArgs {
+    const std::uint8_t* keep = nullptr;  // [G][n]
+    int n = 0;
+    std::int32_t* lists = nullptr;       // group g's list at lists + g * n
+    int* count = nullptr;                // [G]
+    std::int32_t* indptr = nullptr;      // G == 1: {0, count} written here (else null)
+    int cached = 0;                      // (unused: launch_select_kernel sets it)
+};
+
+// Group g's kept positions (keep[g][j] != 0) into lists + g * n, ascending; count[g]. One team per
+// group (grid G x team size): each block compacts its slice after the earlier slices' counts.
 template <int Unused = 0>
-__global__ void __launch_bounds__(kSelectThreads) keep_lists_kernel(const std::uint8_t* keep, int n, std::int32_t* lists,
-                                                                    int* count, std::int32_t* indptr) {
+__global__ void __launch_bounds__(kSelectThreads) keep_lists_kernel(const __grid_constant__ KeepListsArgs a) {
     __shared__ RadixShared sh;
-    const int g = blockIdx.x;
-    const std::uint8_t* kg = keep + static_cast<std::int64_t>(g) * n;
-    std::int32_t* out = lists + static_cast<std::int64_t>(g) * n;
-    const int c = block_compact(
-        sh, 0, n, false, [](int) { return false; }, [&](int j, bool, int) { return kg[j] != 0; }, out);
-    if (threadIdx.x == 0) {
-        count[g] = c;
-        if (indptr && gridDim.x == 1) {
-            indptr[0] = 0;
-            indptr[1] = c;
+    const RadixTeam team = RadixTeam::current();
+    const int g = static_cast<int>(blockIdx.x) / team.size;
+    const int lo = team.slice_lo(a.n), hi = team.slice_hi(a.n);
+    const std::uint8_t* kg = a.keep + static_cast<std::int64_t>(g) * a.n;
+    std::int32_t* out = a.lists + static_cast<std::int64_t>(g) * a.n;
+    const auto no_tie = [](int) { return false; };
+    const auto keep = [&](int j, bool, int) { return kg[j] != 0; };
+    int before = 0, c = 0;
+    if (team.size > 1) before = team_exclusive_sum(sh, team, 0, block_compact(sh, lo, hi, false, no_tie, keep, nullptr), c);
+    const int mine = block_compact(sh, lo, hi, false, no_tie, keep, out + before);
+    if (team.size == 1) c = mine;
+    if (threadIdx.x == 0 && team.rank == 0) {
+        a.count[g] = c;
+        if (a.indptr) {
+            a.indptr[0] = 0;
+            a.indptr[1] = c;
         }
     }
+    team.sync();  // no block leaves while another may still read its shared memory
 }
 
 // Builds a DeviceSelection: begin(), forced positions and ranking tasks, finish() (one synchronization).
@@ -331,9 +347,16 @@ public:
     // readable (keep_mask()) until the next begin().
     void compact(cudaStream_t stream, const char* fn) {
         const int G = static_cast<int>(G_), n = static_cast<int>(n_);
-        keep_lists_kernel<><<<static_cast<unsigned>(G), kSelectThreads, 0, stream>>>(keep_, n, G == 1 ? indices_ : lists_,
-                                                                                      count_, indptr_);
-        check_launch(fn, "keep_lists_kernel");
+        KeepListsArgs ka;
+        ka.keep = keep_;
+        ka.n = n;
+        ka.lists = G == 1 ? indices_ : lists_;
+        ka.count = count_;
+        ka.indptr = G == 1 ? indptr_ : nullptr;
+        auto* kk = keep_lists_kernel<>;
+        SelectLaunch L;
+        L.team = select_team_size(kk, n, 0, fn);
+        launch_select_kernel(kk, G, L, stream, ka, fn, "keep_lists_kernel");
         if (G > 1) {
             const dim3 pgrid(static_cast<unsigned>(G), static_cast<unsigned>((n + kPackSpan - 1) / kPackSpan));
             pack_lists_kernel<><<<pgrid, 256, 0, stream>>>(lists_, count_, n, G, indices_, indptr_);

@@ -576,56 +576,74 @@ struct SelectLaunch {
 };
 
 inline constexpr int kTeamMinSlice = 2048;  // positions per block below which a team gets smaller
+// The team a vector of `longest` positions asks for: a block per kTeamMinSlice positions, at most kMaxTeam.
+inline int team_wanted(std::int64_t longest) {
+    return static_cast<int>(std::clamp<std::int64_t>((longest + kTeamMinSlice - 1) / kTeamMinSlice, 1, kMaxTeam));
+}
 
+// How many blocks rank one vector of up to `longest` positions: a cluster of one block per
+// kTeamMinSlice positions (at most kMaxTeam) where the device launches clusters, the kernel's binary
+// is the sm_90+ one (which reads its team from the cluster) and such a cluster with `smem` bytes of
+// dynamic shared memory per block fits the GPU; else 1.
+template <class Kernel>
+int select_team_size(Kernel* kernel, std::int64_t longest, std::size_t smem, const char* fn) {
+    int dev = 0, cluster_ok = 0;
+    check_cuda(cudaGetDevice(&dev), fn, "cudaGetDevice");
+    check_cuda(cudaDeviceGetAttribute(&cluster_ok, cudaDevAttrClusterLaunch, dev), fn, "cudaDeviceGetAttribute");
+    cudaFuncAttributes fa{};
+    check_cuda(cudaFuncGetAttributes(&fa, kernel), fn, "cudaFuncGetAttributes");
+    if (!cluster_ok || fa.binaryVersion < 90) return 1;
+    const int team = team_wanted(longest);
+    if (team == 1) return 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(team));
+    cfg.blockDim = dim3(kSelectThreads);
+    cfg.dynamicSmemBytes = smem;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = static_cast<unsigned>(team);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess || clusters < 1) {
+        (void)cudaGetLastError();  // a GPU (or a partition of one) that cannot place the cluster
+        return 1;
+    }
+    return team;
+}
+
+// A ranking kernel's launch over vectors of up to `longest` positions, with the scores of each
+// block's slice cached in dynamic shared memory where they fit beside the histograms.
 template <class Kernel>
 SelectLaunch plan_select_launch(Kernel* kernel, std::int64_t longest, const char* fn) {
     SelectLaunch L;
-    int dev = 0, cluster_ok = 0, optin = 0;
+    int dev = 0, optin = 0;
     check_cuda(cudaGetDevice(&dev), fn, "cudaGetDevice");
-    check_cuda(cudaDeviceGetAttribute(&cluster_ok, cudaDevAttrClusterLaunch, dev), fn, "cudaDeviceGetAttribute");
     check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), fn, "cudaDeviceGetAttribute");
     cudaFuncAttributes fa{};
     check_cuda(cudaFuncGetAttributes(&fa, kernel), fn, "cudaFuncGetAttributes");
-    // The kernel's binary must be the sm_90+ one, which reads its team from the cluster.
-    if (cluster_ok && fa.binaryVersion >= 90)
-        L.team = static_cast<int>(std::clamp<std::int64_t>((longest + kTeamMinSlice - 1) / kTeamMinSlice, 1, kMaxTeam));
-    const int slice = team_slice(static_cast<int>(longest), L.team);
     // What fits beside the histograms and the kernel's static shared memory on this device.
     const std::int64_t room = (static_cast<std::int64_t>(optin) - static_cast<std::int64_t>(fa.sharedSizeBytes) -
                                static_cast<std::int64_t>(sizeof(RadixWarpHist))) / static_cast<std::int64_t>(sizeof(float));
     require(room >= 0, fn, "the ranking kernel needs ", sizeof(RadixWarpHist) + fa.sharedSizeBytes,
             " bytes of shared memory per block; this GPU allows ", optin);
-    L.cached = slice <= std::min<std::int64_t>(room, kSelectCacheMax) ? slice : 0;
-    L.smem = select_smem_bytes(L.cached);
+    const std::int64_t cap = std::min<std::int64_t>(room, kSelectCacheMax);
+    auto size = [&](int team) {
+        const int slice = team_slice(static_cast<int>(longest), team);
+        L.team = team;
+        L.cached = slice <= cap ? slice : 0;
+        L.smem = select_smem_bytes(L.cached);
+    };
+    size(team_wanted(longest));  // the shared memory the cluster check asks for
     // Set on every launch, never cached in a function-local static: this function is inline, so one
     // static would serve every translation unit of a program while each has its own copy of the kernel
     // (and the attribute is per device).
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L.smem)), fn,
-               "cudaFuncSetAttribute");
-    if (L.team > 1) {
-        // A GPU (or a partition of one) that cannot place such a cluster: one block per vector.
-        cudaLaunchConfig_t cfg{};
-        cfg.gridDim = dim3(static_cast<unsigned>(L.team));
-        cfg.blockDim = dim3(kSelectThreads);
-        cfg.dynamicSmemBytes = L.smem;
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = static_cast<unsigned>(L.team);
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-        int clusters = 0;
-        if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess || clusters < 1) {
-            (void)cudaGetLastError();
-            L.team = 1;
-            const std::int64_t whole = longest;
-            L.cached = whole <= std::min<std::int64_t>(room, kSelectCacheMax) ? static_cast<int>(whole) : 0;
-            L.smem = select_smem_bytes(L.cached);
-            check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L.smem)),
-                       fn, "cudaFuncSetAttribute");
-        }
-    }
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(select_smem_bytes(static_cast<int>(cap)))),
+               fn, "cudaFuncSetAttribute");
+    if (select_team_size(kernel, longest, L.smem, fn) == 1) size(1);
     return L;
 }
 
