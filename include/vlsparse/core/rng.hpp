@@ -69,7 +69,17 @@ inline std::vector<std::int64_t> sample_without_replacement(std::int64_t n, std:
         std::swap(a[static_cast<std::size_t>(i)], a[static_cast<std::size_t>(j)]);
     }
     a.resize(static_cast<std::size_t>(k));
-    std::sort(a.begin(), a.end());
+    if (k < n / 32) {
+        std::sort(a.begin(), a.end());
+        return a;
+    }
+    // Many of N: the k values marked in a byte map and read back in order (O(N), where sorting the
+    // random order costs O(k log k) mispredicted branches: 1 ms for k = 26000 on a desktop core).
+    std::vector<std::uint8_t> mark(static_cast<std::size_t>(n), 0);
+    for (const std::int64_t v : a) mark[static_cast<std::size_t>(v)] = 1;
+    std::size_t w = 0;
+    for (std::int64_t v = 0; v < n; ++v)
+        if (mark[static_cast<std::size_t>(v)]) a[w++] = v;
     return a;
 }
 

@@ -52,6 +52,10 @@ inline std::vector<std::int64_t> merge_sorted(std::span<const std::int64_t> a, s
 // The scope tokens of a layout (ascending).
 inline std::vector<std::int64_t> scope_tokens(const Layout& layout, BaselineScope scope) {
     std::vector<std::int64_t> r;
+    std::size_t count = 0;
+    for (const auto& s : layout.segments())
+        if (scope == BaselineScope::all || s.is_visual()) count += static_cast<std::size_t>(s.length);
+    r.reserve(count);
     for (const auto& s : layout.segments())
         if (scope == BaselineScope::all || s.is_visual())
             for (std::int64_t p = s.start; p < s.end(); ++p) r.push_back(p);
@@ -208,6 +212,7 @@ inline TokenSelection random_select(const Layout& layout, std::int64_t layer, co
     const auto m = static_cast<std::int64_t>(cand.size());
     const std::int64_t k = std::min(P.keep.resolve(m), m);
     std::vector<std::int64_t> chosen;
+    chosen.reserve(static_cast<std::size_t>(k));
     for (auto i : sample_without_replacement(m, k, P.seed + static_cast<std::uint64_t>(layer)))
         chosen.push_back(cand[static_cast<std::size_t>(i)]);
     return detail::keep_outside_scope(layout, P.scope, std::move(chosen));
