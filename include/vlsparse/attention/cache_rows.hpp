@@ -28,6 +28,8 @@
 
 #include "vlsparse/core/error.hpp"
 #include "vlsparse/core/selection.hpp"
+#include "vlsparse/core/tensor.hpp"
+#include "vlsparse/detail/check.hpp"
 #include "vlsparse/kv/kv_batch.hpp"
 #include "vlsparse/kv/kv_cache.hpp"
 
@@ -216,6 +218,40 @@ std::int64_t check_sequence_cache(const KvBatchView<const TC>& cache, std::int64
     check_no_alias(out, TensorView<const TC, 1>(cache.k, {extent}), fn, "out", "cache k");
     check_no_alias(out, TensorView<const TC, 1>(cache.v, {extent}), fn, "out", "cache v");
     return len;
+}
+
+// The checks of a single-sequence decode step's q [H, d] and out [H, d] against a cache of Hkv KV
+// heads of head_dim d (reference and CPU path).
+template <class TQ, class TO>
+void check_decode_shapes(const TensorView<const TQ, 2>& q, std::int64_t Hkv, std::int64_t head_dim,
+                         const TensorView<TO, 2>& out, const char* fn) {
+    check_strides(q, fn, "q", false);
+    check_strides(out, fn, "out", true);
+    const std::int64_t H = q.shape[0], d = q.shape[1];
+    require(Hkv > 0, fn, "the cache has no KV heads (default-constructed); expected H_kv > 0");
+    require(H > 0 && d == head_dim, fn, "q has shape [", H, ", ", d, "], expected [H, ", head_dim, "] with H > 0");
+    require(H % Hkv == 0, fn, "H = ", H, " query heads is not a multiple of the cache's H_kv = ", Hkv);
+    require(out.shape == q.shape, fn, "out has shape [", out.shape[0], ", ", out.shape[1], "], expected [", H, ", ",
+            d, "]");
+    require(!overlaps(out, q), fn, "output out aliases input q; expected separate buffers");
+}
+
+// Every check of an indexed decode step that reads no values, over the owning cache: the shapes and
+// the row lists. The reference's and the CPU path's one check (the CPU path adds opt.check_finite).
+template <class TQ, class TC, class TO>
+void check_indexed_decode(const TensorView<const TQ, 2>& q, const KvCache<TC>& cache, const CacheRows& rows,
+                          const TensorView<TO, 2>& out, const char* fn) {
+    check_decode_shapes(q, cache.n_kv_heads(), cache.head_dim(), out, fn);
+    check_cache_rows(cache, rows, fn);
+}
+
+// Same, over an engine's own cache (a batch-of-one view, check_sequence_cache).
+template <class TQ, class TC, class TO>
+void check_indexed_decode(const TensorView<const TQ, 2>& q, const KvBatchView<const TC>& cache, const CacheRows& rows,
+                          const TensorView<TO, 2>& out, const char* fn) {
+    check_decode_shapes(q, cache.n_kv_heads, cache.head_dim, out, fn);
+    const std::int64_t len = check_sequence_cache(cache, q.shape[0], out, fn);
+    check_cache_rows(rows, cache.n_kv_heads, [len](std::int64_t) { return len; }, fn);
 }
 
 }  // namespace detail

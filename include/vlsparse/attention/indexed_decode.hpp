@@ -246,21 +246,6 @@ void run_indexed_decode(const View2<const TQ>& q, const KvCache<TC>& cache, cons
     run_indexed_decode<Arch>(q, std::span<const DecodeHead<TC>>(heads), rows, out, scale, probs_f, L, chunk);
 }
 
-// The checks of q and out against a cache of Hkv KV heads of head_dim d.
-template <class TQ, class TO>
-void check_decode_shapes(const View2<const TQ>& q, std::int64_t Hkv, std::int64_t head_dim, const View2<TO>& out,
-                         const char* fn) {
-    check_strides(q, fn, "q", false);
-    check_strides(out, fn, "out", true);
-    const std::int64_t H = q.shape[0], d = q.shape[1];
-    require(Hkv > 0, fn, "the cache has no KV heads (default-constructed); expected H_kv > 0");
-    require(H > 0 && d == head_dim, fn, "q has shape [", H, ", ", d, "], expected [H, ", head_dim, "] with H > 0");
-    require(H % Hkv == 0, fn, "H = ", H, " query heads is not a multiple of the cache's H_kv = ", Hkv);
-    require(out.shape == q.shape, fn, "out has shape [", out.shape[0], ", ", out.shape[1], "], expected [", H, ", ",
-            d, "]");
-    require(!overlaps(out, q), fn, "output out aliases input q; expected separate buffers");
-}
-
 // With opt.check_finite: q and every listed K/V row finite. Returns the scale.
 template <class Arch, class TQ, class TC>
 float check_decode_values(const View2<const TQ>& q, std::span<const DecodeHead<TC>> heads, const CacheRows& rows,
@@ -287,26 +272,6 @@ float check_decode_values(const View2<const TQ>& q, std::span<const DecodeHead<T
     return resolve_scale(opt, d, fn);
 }
 
-// Every check of a step over the owning cache; returns the scale.
-template <class Arch, class TQ, class TC, class TO>
-float check_indexed_decode(const View2<const TQ>& q, const KvCache<TC>& cache, std::span<const DecodeHead<TC>> heads,
-                           const CacheRows& rows, const View2<TO>& out, const AttentionOptions& opt, const char* fn) {
-    check_decode_shapes(q, cache.n_kv_heads(), cache.head_dim(), out, fn);
-    check_cache_rows(cache, rows, fn);
-    return check_decode_values<Arch>(q, heads, rows, opt, fn);
-}
-
-// Every check of a step over an engine's cache (a batch-of-one view); returns the scale.
-template <class Arch, class TQ, class TC, class TO>
-float check_indexed_decode(const View2<const TQ>& q, const KvBatchView<const TC>& cache,
-                           std::span<const DecodeHead<TC>> heads, const CacheRows& rows, const View2<TO>& out,
-                           const AttentionOptions& opt, const char* fn) {
-    check_decode_shapes(q, cache.n_kv_heads, cache.head_dim, out, fn);
-    const std::int64_t len = check_sequence_cache(cache, q.shape[0], out, fn);
-    check_cache_rows(rows, cache.n_kv_heads, [len](std::int64_t) { return len; }, fn);
-    return check_decode_values<Arch>(q, heads, rows, opt, fn);
-}
-
 // probs [H, L] for the probs overloads: L the longest list, contiguous, aliasing neither out nor q.
 template <class TQ, class TO>
 void check_decode_probs(const View2<float>& probs, const View2<const TQ>& q, const View2<TO>& out, std::int64_t L,
@@ -325,7 +290,8 @@ void indexed_decode(const View2<const TQ>& q, const Cache& cache, const CacheRow
     const auto heads = ::vlsparse::detail::decode_heads(cache);
     using TC = typename std::remove_cvref_t<decltype(heads)>::value_type::element_type;
     const std::span<const DecodeHead<TC>> hs(heads);
-    const float scale = check_indexed_decode<Arch>(q, cache, hs, rows, out, opt, fn);
+    ::vlsparse::detail::check_indexed_decode(q, cache, rows, out, fn);
+    const float scale = check_decode_values<Arch>(q, hs, rows, opt, fn);
     const std::int64_t L = rows.longest();
     if (probs) check_decode_probs(*probs, q, out, L, fn);
     run_indexed_decode<Arch>(q, hs, rows, out, scale, probs ? probs->data : nullptr, L);

@@ -20,35 +20,6 @@ namespace vlsparse::reference {
 
 namespace detail {
 
-template <class TQ, class TO>
-void check_decode_shapes(const View2<const TQ>& q, std::int64_t Hkv, std::int64_t head_dim, const View2<TO>& out,
-                         const char* fn) {
-    check_strides(q, fn, "q", false);
-    check_strides(out, fn, "out", true);
-    const std::int64_t H = q.shape[0], d = q.shape[1];
-    require(Hkv > 0, fn, "the cache has no KV heads (default-constructed); expected H_kv > 0");
-    require(H > 0 && d == head_dim, fn, "q has shape [", H, ", ", d, "], expected [H, ", head_dim, "] with H > 0");
-    require(H % Hkv == 0, fn, "H = ", H, " query heads is not a multiple of the cache's H_kv = ", Hkv);
-    require(out.shape == q.shape, fn, "out has shape [", out.shape[0], ", ", out.shape[1], "], expected [", H, ", ",
-            d, "]");
-    require(!overlaps(out, q), fn, "output out aliases input q; expected separate buffers");
-}
-
-template <class TQ, class TC, class TO>
-void check_indexed_decode(const View2<const TQ>& q, const KvCache<TC>& cache, const CacheRows& rows,
-                          const View2<TO>& out, const char* fn) {
-    check_decode_shapes(q, cache.n_kv_heads(), cache.head_dim(), out, fn);
-    check_cache_rows(cache, rows, fn);
-}
-
-template <class TQ, class TC, class TO>
-void check_indexed_decode(const View2<const TQ>& q, const KvBatchView<const TC>& cache, const CacheRows& rows,
-                          const View2<TO>& out, const char* fn) {
-    check_decode_shapes(q, cache.n_kv_heads, cache.head_dim, out, fn);
-    const std::int64_t len = check_sequence_cache(cache, q.shape[0], out, fn);
-    check_cache_rows(rows, cache.n_kv_heads, [len](std::int64_t) { return len; }, fn);
-}
-
 // The step over KV heads heads[g] (the owning KvCache's or an engine's view): rows read in place
 // through their pointers, the arithmetic of attend_row.
 template <class TQ, class TC, class TO, class TP>
