@@ -136,20 +136,51 @@ inline void check_report_paths(const ReportPaths& o, const char* default_html) {
     if (!o.no_html) check_writable(o.html ? std::filesystem::path(*o.html) : o.out / default_html, "HTML report");
 }
 
+// Writes a JSON report (two-space indent) and says where.
+inline void write_json_report(const std::string& path, const json& j) {
+    write_text_file(path, j.dump(2) + "\n", "JSON report");
+    std::printf("JSON report: %s\n", path.c_str());
+}
+
 // sw: run's budget sweep (the HTML report's first section, "budget_sweep" in the JSON), or null.
 inline void write_reports(const std::string& command, const Scenario& s, const RunResult& r, const ReportPaths& o,
                           const char* default_html, const SweepResult* sw = nullptr) {
     if (o.json) {
         json j = report_json(command, s, r);
         if (sw) j["budget_sweep"] = sweep_json(s, *sw);
-        write_text_file(*o.json, j.dump(2) + "\n", "JSON report");
-        std::printf("JSON report: %s\n", o.json->c_str());
+        write_json_report(*o.json, j);
     }
     if (!o.no_html) {
         const std::filesystem::path html = o.html ? std::filesystem::path(*o.html) : o.out / default_html;
         write_text_file(html, report_html(command, s, r, sw ? decision_html(*sw) : std::string()), "HTML report");
         std::printf("HTML report: %s\n", std::filesystem::absolute(html).lexically_normal().string().c_str());
     }
+}
+
+// The options of claims and realism besides their own: the scenario, --json, --set, --quiet.
+struct StudyOptions {
+    std::optional<std::string> scenario, json;
+    std::vector<std::string> sets;
+    bool quiet = false;
+};
+
+// --json, --set or --quiet of claims and realism: true when the next argument was one of them.
+inline bool study_option(Args& a, StudyOptions& o) {
+    if (auto v = a.value("--json")) o.json = *v;
+    else if (auto v1 = a.value("--set")) o.sets.push_back(*v1);
+    else if (a.flag("--quiet")) o.quiet = true;
+    else return false;
+    return true;
+}
+
+// The scenario of claims or realism with its --set overrides, the JSON report's path checked before
+// the run, and the command's header printed.
+inline Scenario start_study(const StudyOptions& o, const char* command) {
+    const Scenario s = load_with_sets(o.scenario, o.sets);
+    if (o.json) check_writable(*o.json, "JSON report");
+    print_header(stdout, command, s, nullptr);
+    std::fflush(stdout);
+    return s;
 }
 
 }  // namespace detail
@@ -298,10 +329,7 @@ inline int cmd_sweep(Args& a) {
     print_sweep_tables(stdout, R);
     std::printf("\nwall time %.2f s (%d thread(s), %lld seed(s), %zu runs).\n", R.wall_s, R.threads,
                 static_cast<long long>(so.seeds), R.points.size());
-    if (o.json) {
-        write_text_file(*o.json, sweep_json(s, R).dump(2) + "\n", "JSON report");
-        std::printf("JSON report: %s\n", o.json->c_str());
-    }
+    if (o.json) detail::write_json_report(*o.json, sweep_json(s, R));
     if (!o.no_html) {
         const std::filesystem::path html = o.html ? std::filesystem::path(*o.html) : o.out / "sim-sweep.html";
         write_text_file(html, sweep_html(s, R), "HTML report");
@@ -311,28 +339,20 @@ inline int cmd_sweep(Args& a) {
 }
 
 inline int cmd_claims(Args& a) {
-    std::optional<std::string> file, json_out;
-    std::vector<std::string> sets;
+    detail::StudyOptions o;
     ClaimsOptions co;
-    bool quiet = false;
     const bool parsed = detail::parse_args(
         a, kClaimsUsage,
         [&] {
             if (auto v = a.value("--seeds")) co.seeds = a.integer("--seeds", *v, 1, 1000);
             else if (auto v1 = a.value("--prompts")) co.prompts = a.integer("--prompts", *v1, 1, 10000);
-            else if (auto v2 = a.value("--json")) json_out = *v2;
-            else if (auto v3 = a.value("--set")) sets.push_back(*v3);
-            else if (a.flag("--quiet")) quiet = true;
-            else return false;
+            else return detail::study_option(a, o);
             return true;
         },
-        detail::at_most_one(a, file, detail::kOneScenario));
+        detail::at_most_one(a, o.scenario, detail::kOneScenario));
     if (!parsed) return 0;
-    const Scenario s = detail::load_with_sets(file, sets);
-    if (json_out) check_writable(*json_out, "JSON report");
-    print_header(stdout, "claims", s, nullptr);
-    std::fflush(stdout);
-    Progress progress(!quiet);
+    const Scenario s = detail::start_study(o, "claims");
+    Progress progress(!o.quiet);
     const ClaimsResult R = run_claims(s, co, &progress);
     std::string seeds;
     for (auto x : R.seeds) seeds += (seeds.empty() ? "" : ", ") + std::to_string(x);
@@ -341,36 +361,25 @@ inline int cmd_claims(Args& a) {
     std::printf("\nwall time %.2f s. What each row runs and its criterion: vlsparse-sim claims --help; which results the\n"
                 "generator plants: docs/simulator.md (The papers' claims).\n",
                 R.wall_s);
-    if (json_out) {
-        write_text_file(*json_out, claims_json(s, R).dump(2) + "\n", "JSON report");
-        std::printf("JSON report: %s\n", json_out->c_str());
-    }
+    if (o.json) detail::write_json_report(*o.json, claims_json(s, R));
     return 0;
 }
 
 inline int cmd_realism(Args& a) {
-    std::optional<std::string> file, json_out;
-    std::vector<std::string> sets;
+    detail::StudyOptions o;
     RealismOptions ro;
-    bool quiet = false;
     const bool parsed = detail::parse_args(
         a, kRealismUsage,
         [&] {
             if (auto v = a.value("--rows")) ro.rows = a.integer("--rows", *v, 1, 1 << 20);
             else if (auto v1 = a.value("--local-radius")) ro.local_radius = a.integer("--local-radius", *v1, 0, 1 << 20);
-            else if (auto v2 = a.value("--json")) json_out = *v2;
-            else if (auto v3 = a.value("--set")) sets.push_back(*v3);
-            else if (a.flag("--quiet")) quiet = true;
-            else return false;
+            else return detail::study_option(a, o);
             return true;
         },
-        detail::at_most_one(a, file, detail::kOneScenario));
+        detail::at_most_one(a, o.scenario, detail::kOneScenario));
     if (!parsed) return 0;
-    const Scenario s = detail::load_with_sets(file, sets);
-    if (json_out) check_writable(*json_out, "JSON report");
-    print_header(stdout, "realism", s, nullptr);
-    std::fflush(stdout);
-    Progress progress(!quiet);
+    const Scenario s = detail::start_study(o, "realism");
+    Progress progress(!o.quiet);
     const RealismResult R = measure_realism(s, ro, &progress);
     std::printf("  source   %s\n  rows     %lld query rows per layer over [n/4, n); local radius %lld tokens\n\n",
                 R.source.c_str(), static_cast<long long>(ro.rows), static_cast<long long>(ro.local_radius));
@@ -379,10 +388,7 @@ inline int cmd_realism(Args& a) {
                 "every image, on the last local-radius + 1 keys; entropy normalized by ln(i + 1); diffuse heads: mean\n"
                 "normalized entropy > 0.75; heavy: share of PureKV's window scores on the top 5%% of keys; rho: Spearman\n"
                 "of those scores against the next layer's. docs/simulator.md (Generator realism) defines them.\n");
-    if (json_out) {
-        write_text_file(*json_out, realism_json(s, R, ro).dump(2) + "\n", "JSON report");
-        std::printf("JSON report: %s\n", json_out->c_str());
-    }
+    if (o.json) detail::write_json_report(*o.json, realism_json(s, R, ro));
     return 0;
 }
 
