@@ -43,27 +43,10 @@ template <class TQ, class TC>
 void attend_batch_row_double(const TQ* q, std::int64_t q_stride, const KvBatchView<const TC>& cache, std::int64_t b,
                              std::int64_t g, const std::int64_t* rows, std::int64_t m, double scale,
                              std::vector<double>& probs, double* o) {
-    const std::int64_t d = cache.head_dim;
-    probs.assign(static_cast<std::size_t>(m), 0.0);
-    std::fill(o, o + d, 0.0);
-    double mx = -std::numeric_limits<double>::infinity();
-    for (std::int64_t t = 0; t < m; ++t) {
-        const TC* kr = cache.k_row(b, rows[t], g);
-        double s = 0.0;
-        for (std::int64_t c = 0; c < d; ++c) s += static_cast<double>(to_float(q[c * q_stride])) * static_cast<double>(to_float(kr[c]));
-        probs[static_cast<std::size_t>(t)] = s * scale;
-        mx = std::max(mx, probs[static_cast<std::size_t>(t)]);
-    }
-    double sum = 0.0;
-    for (auto& p : probs) {
-        p = std::exp(p - mx);
-        sum += p;
-    }
-    for (auto& p : probs) p /= sum;
-    for (std::int64_t t = 0; t < m; ++t) {
-        const TC* vr = cache.v_row(b, rows[t], g);
-        for (std::int64_t c = 0; c < d; ++c) o[c] += probs[static_cast<std::size_t>(t)] * static_cast<double>(to_float(vr[c]));
-    }
+    attend_rows_double(
+        q, q_stride, cache.head_dim, m, scale,
+        [&](std::int64_t t, std::int64_t c) { return to_float(cache.k_row(b, rows[t], g)[c]); },
+        [&](std::int64_t t, std::int64_t c) { return to_float(cache.v_row(b, rows[t], g)[c]); }, probs, o);
 }
 
 // How the group kernels address one KV head's rows: row r's K at k + idx(r) * d when by_index (every

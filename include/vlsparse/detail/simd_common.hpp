@@ -90,23 +90,19 @@ void zero_row(TO* dst, std::int64_t stride, std::int64_t d) {
     for (std::int64_t c = 0; c < d; ++c) store(dst[c * stride], 0.0f);
 }
 
-// Double-precision softmax attention of one query row over keys[0:count) (identity when keys is null)
-// of KV head g: the fallback for rows whose fp32 computation overflowed (and the twin of the
-// reference's row kernel). probs gets the probabilities; o (length d, may be null) the output.
-template <class TQ, class TK>
-void attend_row_double(const TQ* q, std::int64_t q_stride, const View3<const TK>& k, const View3<const TK>& v,
-                       std::int64_t g, const std::int64_t* keys, std::int64_t count, double scale,
-                       std::vector<double>& probs, double* o) {
-    const std::int64_t d = k.shape[2];
+// Double-precision softmax attention of one query row over `count` keys: k_at(t, c) and v_at(t, c)
+// read element c of key / value t. probs gets the probabilities; o (length d, may be null) the output.
+// The one arithmetic of the SIMD paths' double fallbacks (the twin of the reference's row kernel).
+template <class TQ, class KAt, class VAt>
+void attend_rows_double(const TQ* q, std::int64_t q_stride, std::int64_t d, std::int64_t count, double scale,
+                        const KAt& k_at, const VAt& v_at, std::vector<double>& probs, double* o) {
     probs.assign(static_cast<std::size_t>(count), 0.0);
     if (o) std::fill(o, o + d, 0.0);
     if (count == 0) return;
     double mx = -std::numeric_limits<double>::infinity();
     for (std::int64_t t = 0; t < count; ++t) {
-        const auto* kr = k.row(keys ? keys[t] : t, g);
         double s = 0.0;
-        for (std::int64_t c = 0; c < d; ++c)
-            s += static_cast<double>(to_float(q[c * q_stride])) * static_cast<double>(to_float(kr[c * k.stride[2]]));
+        for (std::int64_t c = 0; c < d; ++c) s += static_cast<double>(to_float(q[c * q_stride])) * static_cast<double>(k_at(t, c));
         probs[static_cast<std::size_t>(t)] = s * scale;
         mx = std::max(mx, probs[static_cast<std::size_t>(t)]);
     }
@@ -117,11 +113,20 @@ void attend_row_double(const TQ* q, std::int64_t q_stride, const View3<const TK>
     }
     for (auto& p : probs) p /= sum;
     if (!o) return;
-    for (std::int64_t t = 0; t < count; ++t) {
-        const auto* vr = v.row(keys ? keys[t] : t, g);
-        for (std::int64_t c = 0; c < d; ++c)
-            o[c] += probs[static_cast<std::size_t>(t)] * static_cast<double>(to_float(vr[c * v.stride[2]]));
-    }
+    for (std::int64_t t = 0; t < count; ++t)
+        for (std::int64_t c = 0; c < d; ++c) o[c] += probs[static_cast<std::size_t>(t)] * static_cast<double>(v_at(t, c));
+}
+
+// The same over keys[0:count) (identity when keys is null) of KV head g of k / v: the fallback for rows
+// whose fp32 computation overflowed.
+template <class TQ, class TK>
+void attend_row_double(const TQ* q, std::int64_t q_stride, const View3<const TK>& k, const View3<const TK>& v,
+                       std::int64_t g, const std::int64_t* keys, std::int64_t count, double scale,
+                       std::vector<double>& probs, double* o) {
+    attend_rows_double(
+        q, q_stride, k.shape[2], count, scale,
+        [&](std::int64_t t, std::int64_t c) { return to_float(k.row(keys ? keys[t] : t, g)[c * k.stride[2]]); },
+        [&](std::int64_t t, std::int64_t c) { return to_float(v.row(keys ? keys[t] : t, g)[c * v.stride[2]]); }, probs, o);
 }
 
 // True when every element of x is finite: the all_finite kernel on contiguous fp32 rows, a test of
