@@ -13,6 +13,8 @@
 //
 //   cuda_decode_bench-style CSV (--out FILE): impl,policy,dtype,H,H_kv,d,n,time_us,kept,p,note
 //   build-gpu/bench/cuda_select_bench --out select.csv [--n 8192,16384] [--reps 21] [--quick]
+//                                     [--warmup W] [--only zipvl,h2o,snapkv,fastv,purekv,avl,decode,lists]
+// --only runs a subset of the groups (for profiling one policy under ncu); default: all of them.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -39,6 +41,7 @@ int main(int argc, char** argv) {
     std::vector<std::int64_t> ns{8192, 16384, 32768, 131072};
     int reps = 21, warmup = 3;
     const char* out_path = nullptr;
+    std::string only;  // comma-separated groups; empty: all
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--n" && i + 1 < argc) ns = bench::parse_size_list(argv[++i]);
@@ -47,9 +50,29 @@ int main(int argc, char** argv) {
             ns = {8192, 16384};
             reps = 7;
         } else if (a == "--out" && i + 1 < argc) out_path = argv[++i];
+        else if (a == "--only" && i + 1 < argc) only = argv[++i];
+        else if (a == "--warmup" && i + 1 < argc) warmup = std::max(0, std::atoi(argv[++i]));
         else {
-            std::fprintf(stderr, "usage: %s [--out FILE] [--n LIST] [--reps R] [--quick]\n", argv[0]);
+            std::fprintf(stderr, "usage: %s [--out FILE] [--n LIST] [--reps R] [--quick] [--warmup W] [--only GROUPS]\n", argv[0]);
             return 2;
+        }
+    }
+    const auto want = [&](const char* group) {
+        if (only.empty()) return true;
+        const std::string g = std::string(",") + group + ",";
+        return (std::string(",") + only + ",").find(g) != std::string::npos;
+    };
+    if (!only.empty()) {
+        std::size_t at = 0;
+        while (at <= only.size()) {
+            const std::size_t end = std::min(only.find(',', at), only.size());
+            const std::string g = only.substr(at, end - at);
+            static const char* known[] = {"zipvl", "h2o", "snapkv", "fastv", "purekv", "avl", "decode", "lists"};
+            if (std::none_of(std::begin(known), std::end(known), [&](const char* k) { return g == k; })) {
+                std::fprintf(stderr, "--only: unknown group '%s' (zipvl, h2o, snapkv, fastv, purekv, avl, decode, lists)\n", g.c_str());
+                return 2;
+            }
+            at = end + 1;
         }
     }
     FILE* out = out_path ? std::fopen(out_path, "w") : stdout;
@@ -80,7 +103,7 @@ int main(int argc, char** argv) {
         cuda::DeviceArray<bfloat16> qd(q), kd(k);
         const View3<const bfloat16> qv(qd.data(), {n, H, d}), kv(kd.data(), {n, Hkv, d});
         const Layout layout = Layout::parse("image:" + std::to_string(n));
-        {
+        if (want("zipvl")) {
             ZipVLParams P;  // paper defaults: 64 + 64 probes, layer-wise, tau 0.975
             const double med = timer.median_us([&] { sel.select(qv, kv, layout, 1, P); }, warmup, reps);
             const auto& s = sel.result();
@@ -103,14 +126,14 @@ int main(int argc, char** argv) {
         std::vector<bfloat16> vh(k);
         cuda::DeviceArray<bfloat16> vd(vh);
         const View3<const bfloat16> vv(vd.data(), {n, Hkv, d});
-        if (n <= 32768) {
+        if (n <= 32768 && want("h2o")) {
             H2OParams P;
             P.heavy = TokenBudget::ratio(0.1);
             P.recent = TokenBudget::ratio(0.1);
             const double med = timer.median_us([&] { scorer.h2o_device_select(qv, kv, P); }, warmup, reps);
             row("h2o_select", med, scorer.h2o_device_select(qv, kv, P).kept_ratio(), "heavy 10% recent 10% per KV head");
         }
-        {
+        if (want("snapkv")) {
             SnapKVParams P;
             P.window = 32;
             P.kernel = 7;
@@ -118,13 +141,13 @@ int main(int argc, char** argv) {
             const double med = timer.median_us([&] { scorer.snapkv_device_select(qv, kv, P); }, warmup, reps);
             row("snapkv_select", med, scorer.snapkv_device_select(qv, kv, P).kept_ratio(), "window 32 avg pool 7 capacity 20% per KV head");
         }
-        {
+        if (want("fastv")) {
             FastVParams P;
             P.rate = 0.5;
             const double med = timer.median_us([&] { scorer.fastv_device_select(qv, kv, layout, P); }, warmup, reps);
             row("fastv_select", med, scorer.fastv_device_select(qv, kv, layout, P).kept_ratio(), "rate 0.5 (also A-VL's prefill score)");
         }
-        {
+        if (want("purekv")) {
             PureKVParams P;  // window 32, 20% budget, per KV head, l0 = 2
             cuda::PureKVEstimator est(P, layout, ModelShape{4, H, Hkv, d});
             const double med0 = timer.median_us([&] { est.observe(2, qv, kv); est.select(2, vv); }, warmup, reps);
@@ -132,12 +155,12 @@ int main(int argc, char** argv) {
             const double med1 = timer.median_us([&] { est.select(3, vv); }, warmup, reps);
             row("purekv_select_above_l0", med1, est.select(3, vv).kept_ratio(), "V norms + top-h (a layer above l0, Eq. 4)");
         }
-        {
+        if (want("avl")) {
             AvlParams P;  // rate 0.5, compute_rate 0.7: kept and core sets (two list builds)
             const double med = timer.median_us([&] { avl.select(qv, kv, layout, P); }, warmup, reps);
             row("avl_select", med, avl.select(qv, kv, layout, P).kept.kept_ratio(), "rate 0.5 compute_rate 0.7 kept + core sets");
         }
-        {
+        if (want("decode")) {
             // Decode-time work (target: <= 10% of one dense decode step of the layer): A-VL's rows of a
             // step (cuda::AvlDecodeSchedule::positions, a non-refresh step) and the core re-rank after a
             // refresh step (refresh, checked: one synchronization; unchecked: none), beside one dense
@@ -207,7 +230,7 @@ int main(int argc, char** argv) {
                     "H2O's update after a decode step (scores + eviction + append, no sync), heavy 10% recent 10% per KV head");
             }
         }
-        {
+        if (want("lists")) {
             StreamingLLMParams P;
             P.sinks = 4;
             P.recent = TokenBudget::ratio(0.2);
