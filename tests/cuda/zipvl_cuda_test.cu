@@ -337,6 +337,26 @@ TEST_CASE("cuda zipvl: options (ratios, given probes, keep_last, keep_text, dens
         run_case<vlsparse::half, vlsparse::half>(c, sel);
     }
     {
+        ZCase c;  // k rows of an even stride that is not a multiple of 8: 32-bit pair loads of K
+        c.n = 515;
+        c.H = 8;
+        c.Hkv = 2;
+        c.d = 96;
+        c.k_pad = 2;
+        c.seed = ++seed;
+        run_case<bfloat16, bfloat16>(c, sel);
+    }
+    {
+        ZCase c;  // d = 96 through the 16-byte row copies (dims 96..127 of the padded tile zero-filled)
+        c.n = 515;
+        c.H = 12;
+        c.Hkv = 4;
+        c.d = 96;
+        c.seed = ++seed;
+        run_case<bfloat16, bfloat16>(c, sel);
+        run_case<vlsparse::half, vlsparse::half>(c, sel);
+    }
+    {
         ZCase c;  // paper defaults at a larger n (64 + 64 probes, layer-wise, tau 0.975)
         c.n = 8192;
         c.H = 28;

@@ -148,11 +148,18 @@ __global__ void __launch_bounds__(kSelectThreads) mark_topk_kernel(const __grid_
     const float* base = a.scores + static_cast<std::int64_t>(t.group) * a.stride + t.lo;
     const std::uint8_t* el = a.eligible ? a.eligible + t.lo : nullptr;
     std::uint8_t* keep = a.keep + static_cast<std::int64_t>(t.group) * a.n + t.lo;
+    // One read of the slice: the eligible count and the check, and, for slices of up to a.cached
+    // positions, the scores into shared memory (-1: not eligible; longer slices are ranked from global
+    // memory).
+    float* cache = reinterpret_cast<float*>(mark_dyn + sizeof(RadixWarpHist));
+    const bool cached = hi - lo <= a.cached;
     int cnt = 0;
     bool bad = false;
     for (int j = lo + static_cast<int>(threadIdx.x); j < hi; j += blockDim.x) {
-        if (el && !el[j]) continue;
-        const float x = base[j];
+        const bool in = !el || el[j];
+        const float x = in ? base[j] : -1.0f;
+        if (cached) cache[j - lo] = x;
+        if (!in) continue;
         ++cnt;
         bad |= !(x >= 0.0f) || !isfinite(x);
     }
@@ -161,8 +168,7 @@ __global__ void __launch_bounds__(kSelectThreads) mark_topk_kernel(const __grid_
     __syncthreads();
     // The team's totals (every block takes the same branches below).
     int m = 0, any_bad = 0;
-    team_exclusive_sum(sh, team, 0, s_count, m);
-    team_exclusive_sum(sh, team, 1, s_bad, any_bad);
+    team_sum2(sh, team, 0, s_count, s_bad, m, any_bad);
     if (any_bad) {
         if (threadIdx.x == 0 && team.rank == 0) atomicOr(a.status, kScoreBad);
         team.sync();
@@ -175,14 +181,6 @@ __global__ void __launch_bounds__(kSelectThreads) mark_topk_kernel(const __grid_
                 if (!el || el[j]) keep[j] = 1;
         team.sync();
         return;
-    }
-    // Slices of up to a.cached positions are ranked from shared memory (-1: not eligible), longer ones
-    // from global memory.
-    float* cache = reinterpret_cast<float*>(mark_dyn + sizeof(RadixWarpHist));
-    const bool cached = hi - lo <= a.cached;
-    if (cached) {
-        for (int j = lo + static_cast<int>(threadIdx.x); j < hi; j += blockDim.x) cache[j - lo] = el && !el[j] ? -1.0f : base[j];
-        __syncthreads();
     }
     auto score = [&](int j) { return cached ? cache[j - lo] : (el && !el[j] ? -1.0f : base[j]); };
     unsigned vkey = 0;

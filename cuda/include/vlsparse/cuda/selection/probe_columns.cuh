@@ -265,6 +265,8 @@ public:
         a.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
         a.k_pairs = same16 && k.stride[2] == 1 && d % 2 == 0 && k.stride[0] % 2 == 0 && k.stride[1] % 2 == 0 &&
                     reinterpret_cast<std::uintptr_t>(k.data) % 4 == 0;
+        a.k_rows16 = a.k_pairs && d % 8 == 0 && k.stride[0] % 8 == 0 && k.stride[1] % 8 == 0 &&
+                     reinterpret_cast<std::uintptr_t>(k.data) % 16 == 0;
         a.pos = pos_d;
         a.cmax = cmax_d;
         a.part = part_d;

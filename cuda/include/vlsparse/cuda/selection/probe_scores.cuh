@@ -59,6 +59,8 @@ struct ProbeArgs {
     float scale_log2 = 0.0f;               // softmax scale * log2(e)
     bool k_pairs = false;                  // K's elements readable as aligned 32-bit pairs (unit inner
                                            // stride, even strides and d, 4-byte aligned base)
+    bool k_rows16 = false;                 // K's rows copyable in 16-byte pieces (k_pairs, and strides and
+                                           // d multiples of 8 elements, 16-byte aligned base)
     const std::int32_t* pos = nullptr;     // [npc * 16] probe position of each padded row (-1: padding)
     const std::int32_t* cmax = nullptr;    // [npc] largest position in each chunk
     const uint4* qpack = nullptr;          // tensor cores: [H_kv][qpk * npc][KS][32] A fragments
@@ -243,7 +245,41 @@ __global__ void __launch_bounds__(kProbeThreads, Pass1 ? kProbeBlocksPerSM : 4) 
     // (+ 1, + 8, + 9). Pass 1 reads every element of K exactly once: it checks them.
     unsigned kf[NT][KS][2];
     bool bad = false;
-    if (a.k_pairs) {
+    if (a.k_rows16) {
+        // The block's 128 keys copied row by row in 16-byte pieces (16 consecutive lanes per 256-byte
+        // row: whole lines), into the stage buffers (free until the pipeline starts), each row's pieces
+        // XOR-swizzled by the row so that the ldmatrix reads below are conflict-free; then each warp
+        // takes its B fragments with ldmatrix (non-transposed: K's rows are B's columns). Keys past n
+        // and dims past d are zero-filled. Before: one 4-byte load per fragment register, 8 rows per
+        // warp request -- ncu had the blocks' lives spent waiting on those loads.
+        constexpr int CH = D / 8;  // 16-byte pieces per row
+        static_assert(kProbeColTile * D * 2 <= kProbeStages * probe_stage_bytes<D>(), "the K tile fits the stages");
+        const T* kb = static_cast<const T*>(a.k) + static_cast<std::int64_t>(g) * a.k_s1;
+#pragma unroll 4
+        for (int i = tid; i < kProbeColTile * CH; i += kProbeThreads) {
+            const int r = i / CH, c = i % CH;
+            const int key = col0 + r;
+            const bool ok = key < a.n && c * 8 < a.d;
+            copy16_async(smem + r * (D * 2) + ((c ^ (r & 7)) * 16), ok ? kb + static_cast<std::int64_t>(key) * a.k_s0 + c * 8 : kb, ok);
+        }
+        copy_commit();
+        copy_wait<0>();
+        __syncthreads();
+        const int mi = lane >> 3, rr = lane & 7;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const int r = 32 * warp + 8 * nt + rr;
+#pragma unroll
+            for (int ks = 0; ks < KS; ks += 2) {
+                const int c = 2 * ks + mi;
+                ldsm4(kf[nt][ks][0], kf[nt][ks][1], kf[nt][ks + 1][0], kf[nt][ks + 1][1], smem + r * (D * 2) + ((c ^ (r & 7)) * 16));
+                if (Pass1)
+                    bad |= pair_nonfinite<T>(kf[nt][ks][0]) || pair_nonfinite<T>(kf[nt][ks][1]) ||
+                           pair_nonfinite<T>(kf[nt][ks + 1][0]) || pair_nonfinite<T>(kf[nt][ks + 1][1]);
+            }
+        }
+        __syncthreads();  // the stages are overwritten next
+    } else if (a.k_pairs) {
         // Pairs of K's own 16-bit type read as 32-bit words (bit copies; k_pairs: T is K's type, unit
         // inner stride, 4-byte aligned pairs). Dims past d read zero.
 #pragma unroll

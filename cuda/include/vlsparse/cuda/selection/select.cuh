@@ -119,70 +119,108 @@ __device__ __forceinline__ unsigned long long fixed_mass(float x, double F) {
 // sh.mask, into sh.cnt[P] / sh.mass[P] (this block's, merged from the per-warp histograms), then the
 // team's sums into sh.tcnt / sh.tmass (integers: exact in any order). P = the pass's parity: a team's
 // blocks read each other's buffer P until the barrier of the next pass, which writes the other one.
+//
+// Two ways to fill the block's histogram. Counts of a slice of at most kDirectSlice positions (a few
+// per thread: a team's slices up to 16K positions) go straight into sh.cnt[P]: the lanes of a warp that
+// share a digit are found with __match_any_sync and one of them adds their count. Longer slices, and
+// every mass histogram, fold runs of equal digits per thread into per-warp histograms first, which are
+// then merged (their clearing and merging, 32-96 KiB of shared memory per pass, is what the direct way
+// saves). Masses stay on the per-warp way: a 64-bit shared-memory addition is a compare-and-swap loop,
+// and lanes of one warp adding to one bin retry against each other (ZipVL's count for mass went from
+// 41 to 71 us on an H200 when its mass passes took the direct way).
+inline constexpr int kDirectSlice = 8 * kSelectThreads;
 template <bool Mass, class Score>
 __device__ void radix_hist(RadixShared& sh, const RadixTeam& team, const Score& score, int lo, int hi, int shift,
                            double F) {
     const int warp = threadIdx.x >> 5;
     const int P = (shift >> 3) & 1;
-    for (int i = threadIdx.x; i < kSelectWarps * 256; i += blockDim.x) {
-        (&sh.wh->cnt[0][0])[i] = 0;
-        if (Mass) (&sh.wh->mass[0][0])[i] = 0;
-    }
-    for (int b = threadIdx.x; b < 256; b += blockDim.x) {
-        sh.cnt[P][b] = 0;
-        sh.mass[P][b] = 0;
-    }
-    __syncthreads();
-    unsigned* wc = sh.wh->cnt[warp];
-    unsigned long long* wm = sh.wh->mass[warp];
-    const unsigned prefix = sh.prefix, mask = sh.mask;
-    int cur = -1;
-    unsigned c = 0;
-    unsigned long long m = 0;
-    // Four loads in flight per thread before any of them is used (the loop is latency-bound otherwise);
-    // runs of equal digits are folded in registers before they touch shared memory.
-    constexpr int U = 4;
-    const int step = static_cast<int>(blockDim.x);
-    for (int j0 = lo + static_cast<int>(threadIdx.x); j0 < hi; j0 += U * step) {
-        float xs[U];
+    if (!Mass && hi - lo <= kDirectSlice) {  // (uniform over the block)
+        for (int b = threadIdx.x; b < 256; b += blockDim.x) sh.cnt[P][b] = 0;
+        __syncthreads();
+        const int lane = static_cast<int>(threadIdx.x) & 31;
+        const unsigned prefix = sh.prefix, mask = sh.mask;
+        constexpr int U = 4;
+        const int step = static_cast<int>(blockDim.x);
+        // Warp-uniform trip count (the match below needs every lane).
+        for (int j0 = lo + static_cast<int>(threadIdx.x) - lane; j0 < hi; j0 += U * step) {
+            float xs[U];
 #pragma unroll
-        for (int u = 0; u < U; ++u) xs[u] = j0 + u * step < hi ? score(j0 + u * step) : -1.0f;
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            if (xs[u] < 0.0f) continue;  // past the end (scores are >= 0)
-            const unsigned key = score_key(xs[u]);
-            if ((key & mask) != prefix) continue;
-            const int dg = static_cast<int>((key >> shift) & 255u);
-            if (dg != cur) {
-                if (cur >= 0) {
-                    atomicAdd(&wc[cur], c);
-                    if (Mass) atomicAdd(&wm[cur], m);
-                }
-                cur = dg;
-                c = 0;
-                m = 0;
+            for (int u = 0; u < U; ++u) {
+                const int j = j0 + lane + u * step;
+                xs[u] = j < hi ? score(j) : -1.0f;
             }
-            ++c;
-            if (Mass) m += fixed_mass(xs[u], F);
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                int dg = 256;  // (no digit: past the end, or outside the prefix)
+                if (xs[u] >= 0.0f) {
+                    const unsigned key = score_key(xs[u]);
+                    if ((key & mask) == prefix) dg = static_cast<int>((key >> shift) & 255u);
+                }
+                const unsigned peers = __match_any_sync(0xffffffffu, dg);
+                if (dg != 256 && lane == __ffs(peers) - 1) atomicAdd(&sh.cnt[P][dg], static_cast<unsigned>(__popc(peers)));
+            }
         }
-    }
-    if (cur >= 0) {
-        atomicAdd(&wc[cur], c);
-        if (Mass) atomicAdd(&wm[cur], m);
-    }
-    __syncthreads();
-    // Merge: four threads per bin, eight warps each (integer sums: the order does not matter).
-    {
-        constexpr int per = kSelectWarps / 4;
-        const int b = threadIdx.x & 255, part = threadIdx.x >> 8;
-        unsigned tc = 0;
-        unsigned long long tm = 0;
-        for (int w = part * per; w < part * per + per; ++w) {
-            tc += sh.wh->cnt[w][b];
-            if (Mass) tm += sh.wh->mass[w][b];
+    } else {
+        for (int i = threadIdx.x; i < kSelectWarps * 256; i += blockDim.x) {
+            (&sh.wh->cnt[0][0])[i] = 0;
+            if (Mass) (&sh.wh->mass[0][0])[i] = 0;
         }
-        if (tc) atomicAdd(&sh.cnt[P][b], tc);
-        if (Mass && tm) atomicAdd(&sh.mass[P][b], tm);
+        for (int b = threadIdx.x; b < 256; b += blockDim.x) {
+            sh.cnt[P][b] = 0;
+            sh.mass[P][b] = 0;
+        }
+        __syncthreads();
+        unsigned* wc = sh.wh->cnt[warp];
+        unsigned long long* wm = sh.wh->mass[warp];
+        const unsigned prefix = sh.prefix, mask = sh.mask;
+        int cur = -1;
+        unsigned c = 0;
+        unsigned long long m = 0;
+        // Four loads in flight per thread before any of them is used (the loop is latency-bound otherwise);
+        // runs of equal digits are folded in registers before they touch shared memory.
+        constexpr int U = 4;
+        const int step = static_cast<int>(blockDim.x);
+        for (int j0 = lo + static_cast<int>(threadIdx.x); j0 < hi; j0 += U * step) {
+            float xs[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) xs[u] = j0 + u * step < hi ? score(j0 + u * step) : -1.0f;
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                if (xs[u] < 0.0f) continue;  // past the end (scores are >= 0)
+                const unsigned key = score_key(xs[u]);
+                if ((key & mask) != prefix) continue;
+                const int dg = static_cast<int>((key >> shift) & 255u);
+                if (dg != cur) {
+                    if (cur >= 0) {
+                        atomicAdd(&wc[cur], c);
+                        if (Mass) atomicAdd(&wm[cur], m);
+                    }
+                    cur = dg;
+                    c = 0;
+                    m = 0;
+                }
+                ++c;
+                if (Mass) m += fixed_mass(xs[u], F);
+            }
+        }
+        if (cur >= 0) {
+            atomicAdd(&wc[cur], c);
+            if (Mass) atomicAdd(&wm[cur], m);
+        }
+        __syncthreads();
+        // Merge: four threads per bin, eight warps each (integer sums: the order does not matter).
+        {
+            constexpr int per = kSelectWarps / 4;
+            const int b = threadIdx.x & 255, part = threadIdx.x >> 8;
+            unsigned tc = 0;
+            unsigned long long tm = 0;
+            for (int w = part * per; w < part * per + per; ++w) {
+                tc += sh.wh->cnt[w][b];
+                if (Mass) tm += sh.wh->mass[w][b];
+            }
+            if (tc) atomicAdd(&sh.cnt[P][b], tc);
+            if (Mass && tm) atomicAdd(&sh.mass[P][b], tm);
+        }
     }
     team.sync();
     for (int b = threadIdx.x; b < 256; b += blockDim.x) {
@@ -231,6 +269,34 @@ __device__ __forceinline__ int team_exclusive_sum(RadixShared& sh, const RadixTe
     const int before = sh.xres[0];
     __syncthreads();  // (xres is rewritten by the next exchange)
     return before;
+}
+
+// The team's sums of two ints per block in one exchange (slots `slot` and `slot + 1`); every thread
+// gets both.
+__device__ __forceinline__ void team_sum2(RadixShared& sh, const RadixTeam& team, int slot, int x, int y, int& tx, int& ty) {
+    if (team.size == 1) {
+        tx = x;
+        ty = y;
+        return;
+    }
+    if (threadIdx.x == 0) {
+        sh.xchg[slot] = x;
+        sh.xchg[slot + 1] = y;
+    }
+    team.sync();
+    if (threadIdx.x == 0) {
+        int a = 0, b = 0;
+        for (int r = 0; r < team.size; ++r) {
+            a += *team.peer(&sh.xchg[slot], r);
+            b += *team.peer(&sh.xchg[slot + 1], r);
+        }
+        sh.xres[0] = a;
+        sh.xres[1] = b;
+    }
+    __syncthreads();
+    tx = sh.xres[0];
+    ty = sh.xres[1];
+    __syncthreads();  // (xres is rewritten by the next exchange)
 }
 
 // One warp picks the bin where the running total (from the highest bin down, starting at what lies
