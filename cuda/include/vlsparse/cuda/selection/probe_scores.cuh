@@ -350,13 +350,18 @@ __global__ void __launch_bounds__(kProbeThreads, Pass1 ? kProbeBlocksPerSM : 4) 
     };
     Cursor issue_at{z / max(per_head, 1), z % max(per_head, 1)}, compute_at = issue_at;
     const int npc = a.npc;
+    // A chunk's fragments are KS x 32 pieces of 16 bytes: each thread copies the same few of every chunk.
+    static_assert((KS * 32) % kProbeThreads == 0, "whole pieces per thread");
+    const uint4* qsrc = a.qpack + static_cast<std::int64_t>(g) * chunks * KS * 32 + tid;
     auto issue = [&](int i) {
         if (i < n_mine) {
             const int cc = first + issue_at.c;
             const int ch = issue_at.head * npc + cc;
             unsigned char* dst = smem + (i % ST) * SB;
-            const uint4* src = a.qpack + (static_cast<std::int64_t>(g) * chunks + ch) * KS * 32;
-            for (int i = tid; i < KS * 32; i += kProbeThreads) copy16_async(dst + i * 16, src + i);
+            const uint4* src = qsrc + ch * (KS * 32);
+#pragma unroll
+            for (int k = 0; k < KS * 32 / kProbeThreads; ++k)
+                copy16_async(dst + (tid + k * kProbeThreads) * 16, src + k * kProbeThreads);
             if (!Pass1 && tid < 4) copy16_async(dst + KS * 512 + tid * 16, a.lse + g * rows + ch * 16 + tid * 4);
             else if (tid >= 4 && tid < 8) copy16_async(dst + KS * 512 + 64 + (tid - 4) * 16, a.pos + cc * 16 + (tid - 4) * 4);
             issue_at.advance(R, per_head);
@@ -366,14 +371,15 @@ __global__ void __launch_bounds__(kProbeThreads, Pass1 ? kProbeBlocksPerSM : 4) 
 #pragma unroll
     for (int s = 0; s < ST - 1; ++s) issue(s);
 
-    // Pass 1: the previous chunk's four per-warp statistics merged (fixed warp order) and written.
+    // Pass 1: the previous chunk's four per-warp statistics merged (fixed warp order) and written, by
+    // the warps in turn (so that no one warp is behind at every barrier).
     auto flush_stats = [&](int t, int ch) {
-        if (tid < 16) {
+        if (warp == (t & 3) && lane < 16) {
             const float2* w = wst + (t & 1) * 64;
             float m = -INFINITY, l = 0.0f;
 #pragma unroll
-            for (int v = 0; v < 4; ++v) merge_ml(m, l, w[v * 16 + tid].x, w[v * 16 + tid].y);
-            const std::int64_t row = static_cast<std::int64_t>(g) * rows + ch * 16 + tid;
+            for (int v = 0; v < 4; ++v) merge_ml(m, l, w[v * 16 + lane].x, w[v * 16 + lane].y);
+            const std::int64_t row = static_cast<std::int64_t>(g) * rows + ch * 16 + lane;
             a.part[row * ncb + blockIdx.x] = make_float2(m, l);
         }
     };
@@ -412,14 +418,14 @@ __global__ void __launch_bounds__(kProbeThreads, Pass1 ? kProbeBlocksPerSM : 4) 
         // Rows of this chunk that see every key of this warp need no mask (the common case).
         const bool full = __all_sync(0xffffffffu, min(p_lo, p_hi) >= key0 + 31);
         if constexpr (Pass1) {
+            // The maxima of the raw scores (c > 0: c times the largest is the largest of c times each),
+            // then 2^(c s - c max) with one rounding (an fma).
             float mlo = -INFINITY, mhi = -INFINITY;
             if (full) {
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
-                        s[nt][e] *= a.scale_log2;
-                        s[nt][2 + e] *= a.scale_log2;
                         mlo = fmaxf(mlo, s[nt][e]);
                         mhi = fmaxf(mhi, s[nt][2 + e]);
                     }
@@ -429,8 +435,8 @@ __global__ void __launch_bounds__(kProbeThreads, Pass1 ? kProbeBlocksPerSM : 4) 
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         const int key = key0 + 8 * nt + 2 * tq + e;
-                        s[nt][e] = any && key <= p_lo ? s[nt][e] * a.scale_log2 : -INFINITY;
-                        s[nt][2 + e] = any && key <= p_hi ? s[nt][2 + e] * a.scale_log2 : -INFINITY;
+                        s[nt][e] = any && key <= p_lo ? s[nt][e] : -INFINITY;
+                        s[nt][2 + e] = any && key <= p_hi ? s[nt][2 + e] : -INFINITY;
                         mlo = fmaxf(mlo, s[nt][e]);
                         mhi = fmaxf(mhi, s[nt][2 + e]);
                     }
@@ -439,15 +445,17 @@ __global__ void __launch_bounds__(kProbeThreads, Pass1 ? kProbeBlocksPerSM : 4) 
             mlo = fmaxf(mlo, __shfl_xor_sync(0xffffffffu, mlo, 2));
             mhi = fmaxf(mhi, __shfl_xor_sync(0xffffffffu, mhi, 1));
             mhi = fmaxf(mhi, __shfl_xor_sync(0xffffffffu, mhi, 2));
-            // (a row that sees none of these keys: max -inf; its terms 2^(-inf - -inf) are skipped)
+            mlo *= a.scale_log2;
+            mhi *= a.scale_log2;
+            // (a row that sees none of these keys: max -inf; its terms 2^(-inf - 0) are 0)
             const float olo = mlo == -INFINITY ? 0.0f : mlo, ohi = mhi == -INFINITY ? 0.0f : mhi;
             float llo = 0.0f, lhi = 0.0f;
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    llo += exp2_approx(s[nt][e] - olo);
-                    lhi += exp2_approx(s[nt][2 + e] - ohi);
+                    llo += exp2_approx(fmaf(s[nt][e], a.scale_log2, -olo));
+                    lhi += exp2_approx(fmaf(s[nt][2 + e], a.scale_log2, -ohi));
                 }
             llo += __shfl_xor_sync(0xffffffffu, llo, 1);
             llo += __shfl_xor_sync(0xffffffffu, llo, 2);
