@@ -123,20 +123,21 @@ public:
         for (auto p : pr)
             if (!::vlsparse::detail::in_spans(r.spans, p)) other[static_cast<std::size_t>(p)] = 1;
         kept_.begin(1, r.n, 0, 0, other, stream, fn);
-        for (const auto& s : r.spans) kept_.rank(0, s.start, s.end(), avl_budget(s.length, P.rate));
-        kept_.run_tasks(scores_, r.n, present_mask_, stream, fn);
-        // Core: each span's top min(floor((1 - compute_rate) len), kept) among its kept positions (the
-        // kept ranking's mask, before it is compacted: both lists then share one synchronization).
         core_.begin(1, r.n, 0, 0, {}, stream, fn);
+        for (const auto& s : r.spans) kept_.rank(0, s.start, s.end(), avl_budget(s.length, P.rate));
+        // Core: each span's top min(floor((1 - compute_rate) len), kept) among its kept positions. The
+        // kept ones are the span's top kb present positions in the one ranking order, so their top cb
+        // (cb <= kb) are the span's top cb present positions: ranked in the same launch as the kept
+        // set, over the same eligible mask (both lists then share one synchronization).
         for (const auto& s : r.spans) {
             const std::int64_t in_span = static_cast<std::int64_t>(std::lower_bound(pr.begin(), pr.end(), s.end()) -
                                                                    std::lower_bound(pr.begin(), pr.end(), s.start));
             const std::int64_t kept = std::min(avl_budget(s.length, P.rate), in_span);
             const std::int64_t cb = std::min(avl_budget(s.length, P.compute_rate), kept);
             r.core_budget.push_back(cb);
-            core_.rank(0, s.start, s.end(), cb);
+            kept_.rank_into(core_, 0, s.start, s.end(), cb, fn);
         }
-        core_.run_tasks_device(scores_, r.n, kept_.keep_mask(), stream, fn);
+        kept_.run_tasks(scores_, r.n, present_mask_, stream, fn);
         kept_.compact(stream, fn);
         core_.compact(stream, fn);
         kept_.enqueue_read(stream, fn, status_);

@@ -94,6 +94,7 @@ namespace detail {
 // kept set (k at or above the number of eligible positions: all of them).
 struct RankTask {
     std::int32_t group = 0, lo = 0, hi = 0, k = 0;
+    std::int32_t into_other = 0;  // 1: marks group `group` of MarkArgs::keep_other (scores: row `group` as well)
 };
 
 inline constexpr int kScoreBad = 4;  // status bit: a ranked score is NaN, Inf or negative
@@ -109,6 +110,7 @@ struct MarkArgs {
     int n = 0;
     int cached = 0;                         // tasks up to this length are ranked from shared memory
     std::uint8_t* keep = nullptr;           // [G][n]
+    std::uint8_t* keep_other = nullptr;     // another builder's [G'][n] (tasks with into_other), or null
     int* status = nullptr;
 };
 
@@ -147,7 +149,7 @@ __global__ void __launch_bounds__(kSelectThreads) mark_topk_kernel(const __grid_
     const int lo = team.slice_lo(len), hi = team.slice_hi(len);
     const float* base = a.scores + static_cast<std::int64_t>(t.group) * a.stride + t.lo;
     const std::uint8_t* el = a.eligible ? a.eligible + t.lo : nullptr;
-    std::uint8_t* keep = a.keep + static_cast<std::int64_t>(t.group) * a.n + t.lo;
+    std::uint8_t* keep = (t.into_other ? a.keep_other : a.keep) + static_cast<std::int64_t>(t.group) * a.n + t.lo;
     // One read of the slice: the eligible count and the check, and, for slices of up to a.cached
     // positions, the scores into shared memory (-1: not eligible; longer slices are ranked from global
     // memory).
@@ -252,6 +254,7 @@ public:
         G_ = G;
         n_ = n;
         tasks_.clear();
+        other_ = nullptr;
         const std::size_t b_keep = align256(static_cast<std::size_t>(G * n));
         const std::size_t b_lists = align256(static_cast<std::size_t>(G * n) * 4);
         const std::size_t b_small = align256(static_cast<std::size_t>(2 * G + 2) * 4 + 4);
@@ -283,6 +286,20 @@ public:
         if (hi <= lo || k <= 0) return;
         tasks_.push_back({static_cast<std::int32_t>(g), static_cast<std::int32_t>(lo), static_cast<std::int32_t>(hi),
                           static_cast<std::int32_t>(std::min<std::int64_t>(k, hi - lo))});
+    }
+
+    // Adds "the top k of scores[g][lo, hi) (among the eligible positions)" for group g of `other`'s keep
+    // mask: rankings of two builders over the same scores and eligible positions in one launch (their
+    // teams run side by side). `other` must have been begun over the same n, and stay so until the
+    // tasks have run.
+    void rank_into(ListBuilder& other, std::int64_t g, std::int64_t lo, std::int64_t hi, std::int64_t k, const char* fn) {
+        require(other.n_ == n_ && g >= 0 && g < other.G_ && &other != this, fn,
+                "rank_into: another builder begun over the same n, and one of its groups");
+        require(other_ == nullptr || other_ == &other, fn, "rank_into: one other builder per launch");
+        if (hi <= lo || k <= 0) return;
+        other_ = &other;
+        tasks_.push_back({static_cast<std::int32_t>(g), static_cast<std::int32_t>(lo), static_cast<std::int32_t>(hi),
+                          static_cast<std::int32_t>(std::min<std::int64_t>(k, hi - lo)), 1});
     }
 
     // Runs the tasks added since begin() over `scores` (device, row stride `stride`), restricted to the
@@ -322,6 +339,7 @@ public:
         a.tasks = td;
         a.n = static_cast<int>(n_);
         a.keep = keep_;
+        a.keep_other = other_ ? other_->keep_ : nullptr;
         a.status = status_;
         std::int32_t longest = 0;
         for (const auto& t : tasks_) longest = std::max(longest, t.hi - t.lo);
@@ -329,6 +347,7 @@ public:
         SelectLaunch L = plan_select_launch(k, longest, fn);
         launch_select_kernel(k, static_cast<int>(tasks_.size()), L, stream, a, fn, "mark_topk_kernel");
         tasks_.clear();
+        other_ = nullptr;
     }
 
     // The keep masks compacted into CSR lists; one synchronization (list bounds and status to the host;
@@ -457,6 +476,7 @@ public:
 private:
     std::int64_t G_ = 0, n_ = 0;
     std::vector<RankTask> tasks_;
+    ListBuilder* other_ = nullptr;  // the builder that tasks added by rank_into mark
     GrowBuffer work_, task_buf_, upload_buf_;
     PinnedStaging staging_, task_staging_, forced_staging_, eligible_staging_;
     std::uint8_t *keep_ = nullptr, *forced_ = nullptr, *eligible_ = nullptr;
