@@ -105,8 +105,7 @@ void launch_probe_mma(ProbeArgs& a, cudaStream_t stream, const char* fn) {
         check_launch(fn, "probe_pack_mma_kernel");
     }
     constexpr std::size_t shm = probe_cols_smem_bytes<T, D>();
-    const dim3 grid(static_cast<unsigned>((a.n + kProbeColTile - 1) / kProbeColTile), static_cast<unsigned>(a.Hkv),
-                    static_cast<unsigned>(a.rsplit));
+    const dim3 grid(static_cast<unsigned>(((a.n + kProbeColTile - 1) / kProbeColTile) * a.rsplit), static_cast<unsigned>(a.Hkv));
     {
         auto* k1 = probe_cols_mma_kernel<T, D, true>;
         const cudaError_t attr = cudaFuncSetAttribute(k1, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
@@ -230,9 +229,10 @@ public:
         auto* lse_d = reinterpret_cast<float*>(at + b_q + b_part);
         auto* col_d = reinterpret_cast<float*>(at + b_q + b_part + b_lse);
 
-        // Per-call metadata: padded probe positions, each chunk's last probe, the probes as int32.
-        char* h = staging_.get(up, fn);
-        std::memset(h, 0, up);
+        // Per-call metadata: padded probe positions, each chunk's last probe, the probes as int32, and the
+        // status word (cleared by the same copy).
+        char* h = staging_.get(up + b_status, fn);
+        std::memset(h, 0, up + b_status);
         auto* pos_h = reinterpret_cast<std::int32_t*>(h);
         auto* cmax_h = reinterpret_cast<std::int32_t*>(h + b_pos);
         auto* probes_h = reinterpret_cast<std::int32_t*>(h + b_pos + b_cmax);
@@ -240,9 +240,8 @@ public:
         for (std::int64_t c = 0; c < npc; ++c)
             cmax_h[c] = static_cast<std::int32_t>(probes[static_cast<std::size_t>(std::min(np - 1, 16 * c + 15))]);
         for (std::int64_t i = 0; i < np; ++i) probes_h[i] = static_cast<std::int32_t>(probes[static_cast<std::size_t>(i)]);
-        check_cuda(cudaMemcpyAsync(base, h, up, cudaMemcpyHostToDevice, stream), fn, "cudaMemcpyAsync");
+        check_cuda(cudaMemcpyAsync(base, h, up + b_status, cudaMemcpyHostToDevice, stream), fn, "cudaMemcpyAsync");
         staging_.mark(stream, fn);
-        check_cuda(cudaMemsetAsync(status_d, 0, sizeof(int), stream), fn, "cudaMemsetAsync");
 
         ProbeArgs a;
         a.q = q.data;

@@ -70,7 +70,7 @@ struct ProbeArgs {
     float* lse = nullptr;                  // [H_kv][rows]
     float* col = nullptr;                  // [rsplit][H_kv][n] (tensor cores), [H_kv][n] (CUDA cores)
     int rsplit = 1;                        // tensor cores: the active chunks of a key block are shared
-                                           // out over rsplit blocks (grid.z), for parallelism at small n
+                                           // out over rsplit blocks (adjacent in grid.x), for parallelism at small n
 };
 
 // ---- small device helpers ---------------------------------------------------------------------------
@@ -217,8 +217,9 @@ constexpr std::size_t probe_cols_smem_bytes() {
     return static_cast<std::size_t>(kProbeStages) * probe_stage_bytes<D>() + 2 * 4 * 16 * 8;
 }
 
-// Grid: (ceil(n / 128), H_kv, rsplit), 128 threads. Block x owns keys 128 x .. 128 x + 127 of KV head y
-// (and of the chunks t = z, z + rsplit, ... of its active ones, z = blockIdx.z); warp w
+// Grid: (ceil(n / 128) x rsplit, H_kv), 128 threads. Block (x, g) owns keys 128 y .. 128 y + 127 of KV
+// head g, y = x / rsplit (and of the chunks t = z, z + rsplit, ... of its active ones, z = x % rsplit);
+// warp w
 // keys 128 x + 32 w .. + 31, held as B fragments (four n-tiles of 8) for the whole block. The block
 // streams every 16-row chunk of probe rows that can see one of its keys (chunks whose last probe is at
 // or after the block's first key: per head a suffix of its chunks) through a cp.async pipeline and
@@ -234,8 +235,11 @@ __global__ void __launch_bounds__(kProbeThreads, Pass1 ? kProbeBlocksPerSM : 4) 
     float2* wst = reinterpret_cast<float2*>(smem + ST * SB);  // [2][4][16]
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int gq = lane >> 2, tq = lane & 3;
+    // (grid x: key block x row split, the splits of one key block next to each other, so that the
+    // siblings' reads of the same K tile meet in L2 instead of going to memory rsplit times)
     const int g = blockIdx.y;
-    const int col0 = blockIdx.x * kProbeColTile;
+    const int kb = static_cast<int>(blockIdx.x) / a.rsplit;
+    const int col0 = kb * kProbeColTile;
     const int key0 = col0 + 32 * warp;
     const int chunks = a.qpk * a.npc;
     const std::int64_t rows = static_cast<std::int64_t>(chunks) * 16;
@@ -332,7 +336,7 @@ __global__ void __launch_bounds__(kProbeThreads, Pass1 ? kProbeBlocksPerSM : 4) 
         first = lo;
     }
     const int per_head = a.npc - first;
-    const int z = blockIdx.z, R = a.rsplit;
+    const int z = static_cast<int>(blockIdx.x) % a.rsplit, R = a.rsplit;
     const int n_active = per_head * a.qpk;
     const int n_mine = n_active > z ? (n_active - z + R - 1) / R : 0;  // this block's: t = z + i R
     // This block's i-th chunk is t = z + i R of the active ones: query head t / per_head, its chunk
@@ -380,7 +384,7 @@ __global__ void __launch_bounds__(kProbeThreads, Pass1 ? kProbeBlocksPerSM : 4) 
 #pragma unroll
             for (int v = 0; v < 4; ++v) merge_ml(m, l, w[v * 16 + lane].x, w[v * 16 + lane].y);
             const std::int64_t row = static_cast<std::int64_t>(g) * rows + ch * 16 + lane;
-            a.part[row * ncb + blockIdx.x] = make_float2(m, l);
+            a.part[row * ncb + kb] = make_float2(m, l);
         }
     };
     int prev_chunk = 0;
