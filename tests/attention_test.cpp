@@ -165,6 +165,39 @@ void check_dense(const DenseCase& c, std::uint64_t seed) {
     });
 }
 
+// ---------------------------------------------------------------------------------------------
+// The default softmax scale: one rule for every backend (resolve_scale, which the CUDA front ends
+// call too): 1/sqrt(d) in double, rounded once to float. The single-precision formula rounds twice and
+// is one ulp off at 54 head dims of 1..256 (72, 96 and 112 among them), which tests at d = 40 / 64 /
+// 128 / 256 would not see. d = 96 also runs through the SIMD engine here (the CUDA decode and ZipVL
+// tests run it on the GPU).
+// ---------------------------------------------------------------------------------------------
+TEST_CASE("the default scale is 1/sqrt(d) rounded once from double; d = 96 through the SIMD engine", "[attention][scale]") {
+    int twice_rounded_differs = 0;
+    for (std::int64_t d = 1; d <= 256; ++d) {
+        const float s = vlsparse::detail::resolve_scale({}, d, "test");
+        CHECK(s == static_cast<float>(1.0 / std::sqrt(static_cast<double>(d))));
+        volatile float fd = static_cast<float>(d);  // (no folding into a wider type)
+        if (s != 1.0f / std::sqrt(static_cast<float>(fd))) ++twice_rounded_differs;
+    }
+    CHECK(twice_rounded_differs == 54);
+    const float s96 = vlsparse::detail::resolve_scale({}, 96, "test");
+    volatile float f96 = 96.0f;
+    CHECK(s96 != 1.0f / std::sqrt(static_cast<float>(f96)));
+    CHECK(vlsparse::detail::resolve_scale(AttentionOptions{0.25f}, 96, "test") == 0.25f);
+
+    const std::uint64_t seed = vt::base_seed() + 16000;
+    const std::int64_t n = 77, H = 6, Hkv = 2, d = 96;
+    const auto q = make_tensor<bfloat16>(n, H, d, Lay::token_major, seed + 1, 2.0f);
+    const auto k = make_tensor<bfloat16>(n, Hkv, d, Lay::token_major, seed + 2);
+    const auto v = make_tensor<bfloat16>(n, Hkv, d, Lay::token_major, seed + 3);
+    auto out = make_output<float>(n, H, d, Lay::token_major);
+    auto ref = make_output<double>(n, H, d, Lay::token_major);
+    simd::dense_attention(q.c(), k.c(), v.c(), out.view);
+    reference::dense_attention(q.c(), k.c(), v.c(), ref.view);
+    CHECK(vt::nmse(gather(out.view), gather(ref.view)) <= kNmse);
+}
+
 TEST_CASE("simd::dense_attention matches the reference: short sequences, every dtype, GQA ratio and layout",
           "[simd][attention][dense]") {
     const std::uint64_t seed = vt::base_seed();
