@@ -219,8 +219,7 @@ constexpr std::size_t probe_cols_smem_bytes() {
 
 // Grid: (ceil(n / 128) x rsplit, H_kv), 128 threads. Block (x, g) owns keys 128 y .. 128 y + 127 of KV
 // head g, y = x / rsplit (and of the chunks t = z, z + rsplit, ... of its active ones, z = x % rsplit);
-// warp w
-// keys 128 x + 32 w .. + 31, held as B fragments (four n-tiles of 8) for the whole block. The block
+// warp w keys 128 y + 32 w .. + 31, held as B fragments (four n-tiles of 8) for the whole block. The block
 // streams every 16-row chunk of probe rows that can see one of its keys (chunks whose last probe is at
 // or after the block's first key: per head a suffix of its chunks) through a cp.async pipeline and
 // computes that chunk's 16 x 128 scores with mma.sync.
@@ -254,17 +253,17 @@ __global__ void __launch_bounds__(kProbeThreads, Pass1 ? kProbeBlocksPerSM : 4) 
         // row: whole lines), into the stage buffers (free until the pipeline starts), each row's pieces
         // XOR-swizzled by the row so that the ldmatrix reads below are conflict-free; then each warp
         // takes its B fragments with ldmatrix (non-transposed: K's rows are B's columns). Keys past n
-        // and dims past d are zero-filled. Before: one 4-byte load per fragment register, 8 rows per
-        // warp request -- ncu had the blocks' lives spent waiting on those loads.
+        // and dims past d are zero-filled. (The pair loads below touch 8 rows per warp request for 128
+        // bytes; on this path they had kept the blocks waiting for most of their lives, ncu.)
         constexpr int CH = D / 8;  // 16-byte pieces per row
         static_assert(kProbeColTile * D * 2 <= kProbeStages * probe_stage_bytes<D>(), "the K tile fits the stages");
-        const T* kb = static_cast<const T*>(a.k) + static_cast<std::int64_t>(g) * a.k_s1;
+        const T* kbase = static_cast<const T*>(a.k) + static_cast<std::int64_t>(g) * a.k_s1;
 #pragma unroll 4
         for (int i = tid; i < kProbeColTile * CH; i += kProbeThreads) {
             const int r = i / CH, c = i % CH;
             const int key = col0 + r;
             const bool ok = key < a.n && c * 8 < a.d;
-            copy16_async(smem + r * (D * 2) + ((c ^ (r & 7)) * 16), ok ? kb + static_cast<std::int64_t>(key) * a.k_s0 + c * 8 : kb, ok);
+            copy16_async(smem + r * (D * 2) + ((c ^ (r & 7)) * 16), ok ? kbase + static_cast<std::int64_t>(key) * a.k_s0 + c * 8 : kbase, ok);
         }
         copy_commit();
         copy_wait<0>();

@@ -120,14 +120,15 @@ __device__ __forceinline__ unsigned long long fixed_mass(float x, double F) {
 // team's sums into sh.tcnt / sh.tmass (integers: exact in any order). P = the pass's parity: a team's
 // blocks read each other's buffer P until the barrier of the next pass, which writes the other one.
 //
-// Two ways to fill the block's histogram. Counts of a slice of at most kDirectSlice positions (a few
-// per thread: a team's slices up to 16K positions) go straight into sh.cnt[P]: the lanes of a warp that
+// Two ways to fill the block's histogram. Counts of a slice of at most kDirectSlice positions (at most
+// 8 per thread: every slice of a team of 8 ranking up to 64K positions) go straight into sh.cnt[P]: the lanes of a warp that
 // share a digit are found with __match_any_sync and one of them adds their count. Longer slices, and
 // every mass histogram, fold runs of equal digits per thread into per-warp histograms first, which are
 // then merged (their clearing and merging, 32-96 KiB of shared memory per pass, is what the direct way
 // saves). Masses stay on the per-warp way: a 64-bit shared-memory addition is a compare-and-swap loop,
-// and lanes of one warp adding to one bin retry against each other (ZipVL's count for mass went from
-// 41 to 71 us on an H200 when its mass passes took the direct way).
+// and lanes of one warp adding to one bin retry against each other (with its mass passes on the
+// direct way too, ZipVL's selection at 16K measured 272 us against 256 us without this change and the
+// probe passes' K-tile change, which alone saves about 20 us: one call on an H200).
 inline constexpr int kDirectSlice = 8 * kSelectThreads;
 template <bool Mass, class Score>
 __device__ void radix_hist(RadixShared& sh, const RadixTeam& team, const Score& score, int lo, int hi, int shift,
