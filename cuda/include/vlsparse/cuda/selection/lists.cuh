@@ -227,10 +227,7 @@ __global__ void __launch_bounds__(kSelectThreads) keep_lists_kernel(const __grid
     std::int32_t* out = a.lists + static_cast<std::int64_t>(g) * a.n;
     const auto no_tie = [](int) { return false; };
     const auto keep = [&](int j, bool, int) { return kg[j] != 0; };
-    int before = 0, c = 0;
-    if (team.size > 1) before = team_exclusive_sum(sh, team, 0, block_compact(sh, lo, hi, false, no_tie, keep, nullptr), c);
-    const int mine = block_compact(sh, lo, hi, false, no_tie, keep, out + before);
-    if (team.size == 1) c = mine;
+    const int c = team_compact(sh, team, lo, hi, false, no_tie, keep, [out](int at, int j) { out[at] = j; });
     if (threadIdx.x == 0 && team.rank == 0) {
         a.count[g] = c;
         if (a.indptr) {

@@ -453,15 +453,15 @@ __device__ __forceinline__ int block_exclusive_scan(RadixShared& sh, int x, int&
     return before + v - x;
 }
 
-// Kept positions of [lo, hi) in ascending order into out[0 .. count) (out null: only counted):
-// position j is kept when keep(j, tie, rank) is true, where tie(j) marks the scores equal to the
-// threshold and rank is tie_base plus the number of positions in [lo, j) with tie true. `ranked`:
-// whether keep uses rank at all (one scan per tile instead of two when it does not). Each thread
-// takes kItems consecutive positions of a tile. Returns the count.
+// Kept positions of [lo, hi) in ascending order, handed to emit(at, j) with at = 0, 1, ... (Write
+// false: only counted): position j is kept when keep(j, tie, rank) is true, where tie(j) marks the
+// scores equal to the threshold and rank is tie_base plus the number of positions in [lo, j) with tie
+// true. `ranked`: whether keep uses rank at all (one scan per tile instead of two when it does not).
+// Each thread takes kItems consecutive positions of a tile. Returns the count.
 inline constexpr int kCompactItems = 4;
-template <class Tie, class Keep>
-__device__ int block_compact(RadixShared& sh, int lo, int hi, bool ranked, const Tie& tie, const Keep& keep,
-                             std::int32_t* out, int tie_base = 0) {
+template <bool Write, class Tie, class Keep, class Emit>
+__device__ int block_compact_emit(RadixShared& sh, int lo, int hi, bool ranked, const Tie& tie, const Keep& keep,
+                                  const Emit& emit, int tie_base = 0) {
     constexpr int I = kCompactItems;
     const int n = hi;
     int carry_tie = tie_base, carry_out = 0;
@@ -488,15 +488,38 @@ __device__ int block_compact(RadixShared& sh, int lo, int hi, bool ranked, const
         }
         int tot_out = 0;
         int at = carry_out + block_exclusive_scan(sh, nk, tot_out);
-        if (out) {
+        if constexpr (Write) {
 #pragma unroll
             for (int i = 0; i < I; ++i)
-                if (k[i]) out[at++] = j0 + i;
+                if (k[i]) emit(at++, j0 + i);
         }
         carry_tie += tot_tie;
         carry_out += tot_out;
     }
     return carry_out;
+}
+
+// The same, kept positions written to out[0 .. count) (out null: only counted).
+template <class Tie, class Keep>
+__device__ int block_compact(RadixShared& sh, int lo, int hi, bool ranked, const Tie& tie, const Keep& keep,
+                             std::int32_t* out, int tie_base = 0) {
+    const auto write = [out](int at, int j) { out[at] = j; };
+    return out ? block_compact_emit<true>(sh, lo, hi, ranked, tie, keep, write, tie_base)
+               : block_compact_emit<false>(sh, lo, hi, ranked, tie, keep, write, tie_base);
+}
+
+// A team's compaction of one vector: each block compacts its slice [lo, hi) after the earlier
+// slices' counts (a counting pass and one exchange first when the team has several blocks), handing
+// emit(at, j) the position's place in the team's list. Returns the team's count (every thread).
+template <class Tie, class Keep, class Emit>
+__device__ int team_compact(RadixShared& sh, const RadixTeam& team, int lo, int hi, bool ranked, const Tie& tie,
+                            const Keep& keep, const Emit& emit, int tie_base = 0) {
+    int before = 0, total = 0;
+    if (team.size > 1)
+        before = team_exclusive_sum(sh, team, 0, block_compact_emit<false>(sh, lo, hi, ranked, tie, keep, emit, tie_base), total);
+    const auto shifted = [&](int at, int j) { emit(before + at, j); };
+    const int mine = block_compact_emit<true>(sh, lo, hi, ranked, tie, keep, shifted, tie_base);
+    return team.size > 1 ? total : mine;
 }
 
 // ---- ZipVL: scores, p, top-k and forced keeps for one group per block ------------------------------------
@@ -614,11 +637,7 @@ __global__ void __launch_bounds__(kSelectThreads) zipvl_finish_kernel(const __gr
         const bool top = all || key > vkey || (key == vkey && (!ranked || (t && rank < need)));
         return top || j >= keep_from || (f.text && f.text[j]);
     };
-    // A team counts its slices first: each block writes its positions after the earlier slices'.
-    int before = 0, cnt = 0;
-    if (team.size > 1) before = team_exclusive_sum(sh, team, 0, block_compact(sh, lo, hi, ranked, tie, keep, nullptr, eq_before), cnt);
-    const int mine = block_compact(sh, lo, hi, ranked, tie, keep, out + before, eq_before);
-    if (team.size == 1) cnt = mine;
+    const int cnt = team_compact(sh, team, lo, hi, ranked, tie, keep, [out](int at, int j) { out[at] = j; }, eq_before);
     if (threadIdx.x == 0 && team.rank == 0) {
         f.p[g] = p;
         f.count[g] = cnt;
@@ -643,48 +662,65 @@ struct SelectLaunch {
 };
 
 inline constexpr int kTeamMinSlice = 2048;  // positions per block below which a team gets smaller
-// The team a vector of `longest` positions asks for: a block per kTeamMinSlice positions, at most kMaxTeam.
-inline int team_wanted(std::int64_t longest) {
-    return static_cast<int>(std::clamp<std::int64_t>((longest + kTeamMinSlice - 1) / kTeamMinSlice, 1, kMaxTeam));
+// The team a vector of `longest` positions asks for: a block per `min_slice` positions, at most kMaxTeam.
+inline int team_wanted(std::int64_t longest, int min_slice = kTeamMinSlice) {
+    return static_cast<int>(std::clamp<std::int64_t>((longest + min_slice - 1) / min_slice, 1, kMaxTeam));
 }
 
-// How many blocks rank one vector of up to `longest` positions: a cluster of one block per
-// kTeamMinSlice positions (at most kMaxTeam) where the device launches clusters, the kernel's binary
-// is the sm_90+ one (which reads its team from the cluster) and such a cluster with `smem` bytes of
-// dynamic shared memory per block fits the GPU; else 1.
+// A launch of `grid` blocks of `threads` threads in thread-block clusters of `team` blocks along x
+// (team 1: no cluster attribute, a plain launch). Not copyable: cfg.attrs points into the object.
+struct ClusterLaunchConfig {
+    cudaLaunchConfig_t cfg{};
+    cudaLaunchAttribute attr[1]{};
+    ClusterLaunchConfig(dim3 grid, int threads, std::size_t smem, int team, cudaStream_t stream = nullptr) {
+        cfg.gridDim = grid;
+        cfg.blockDim = dim3(static_cast<unsigned>(threads));
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = stream;
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = static_cast<unsigned>(team);
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = team > 1 ? 1 : 0;
+    }
+    ClusterLaunchConfig(const ClusterLaunchConfig&) = delete;
+    ClusterLaunchConfig& operator=(const ClusterLaunchConfig&) = delete;
+};
+
+// `team` where the device launches clusters, the kernel's binary is an sm_90+ one (which reads its
+// team from the cluster: RadixTeam::current) and a cluster of `team` blocks of `threads` threads with
+// `smem` bytes of dynamic shared memory each fits the GPU; else 1 (the kernel then runs one block per
+// team, which every kernel built on RadixTeam also supports).
 template <class Kernel>
-int select_team_size(Kernel* kernel, std::int64_t longest, std::size_t smem, const char* fn) {
+int cluster_team_or_one(Kernel* kernel, int team, int threads, std::size_t smem, const char* fn) {
+    if (team <= 1) return 1;
     int dev = 0, cluster_ok = 0;
     check_cuda(cudaGetDevice(&dev), fn, "cudaGetDevice");
     check_cuda(cudaDeviceGetAttribute(&cluster_ok, cudaDevAttrClusterLaunch, dev), fn, "cudaDeviceGetAttribute");
     cudaFuncAttributes fa{};
     check_cuda(cudaFuncGetAttributes(&fa, kernel), fn, "cudaFuncGetAttributes");
     if (!cluster_ok || fa.binaryVersion < 90) return 1;
-    const int team = team_wanted(longest);
-    if (team == 1) return 1;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>(team));
-    cfg.blockDim = dim3(kSelectThreads);
-    cfg.dynamicSmemBytes = smem;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = static_cast<unsigned>(team);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    const ClusterLaunchConfig c(dim3(static_cast<unsigned>(team)), threads, smem, team);
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess || clusters < 1) {
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &c.cfg) != cudaSuccess || clusters < 1) {
         (void)cudaGetLastError();  // a GPU (or a partition of one) that cannot place the cluster
         return 1;
     }
     return team;
 }
 
+// How many blocks rank one vector of up to `longest` positions: a cluster of one block per
+// `min_slice` positions (at most kMaxTeam) where cluster_team_or_one allows it; else 1.
+template <class Kernel>
+int select_team_size(Kernel* kernel, std::int64_t longest, std::size_t smem, const char* fn, int min_slice = kTeamMinSlice) {
+    return cluster_team_or_one(kernel, team_wanted(longest, min_slice), kSelectThreads, smem, fn);
+}
+
 // A ranking kernel's launch over vectors of up to `longest` positions, with the scores of each
 // block's slice cached in dynamic shared memory where they fit beside the histograms.
 template <class Kernel>
-SelectLaunch plan_select_launch(Kernel* kernel, std::int64_t longest, const char* fn) {
+SelectLaunch plan_select_launch(Kernel* kernel, std::int64_t longest, const char* fn, int min_slice = kTeamMinSlice) {
     SelectLaunch L;
     int dev = 0, optin = 0;
     check_cuda(cudaGetDevice(&dev), fn, "cudaGetDevice");
@@ -703,14 +739,14 @@ SelectLaunch plan_select_launch(Kernel* kernel, std::int64_t longest, const char
         L.cached = slice <= cap ? slice : 0;
         L.smem = select_smem_bytes(L.cached);
     };
-    size(team_wanted(longest));  // the shared memory the cluster check asks for
+    size(team_wanted(longest, min_slice));  // the shared memory the cluster check asks for
     // Set on every launch, never cached in a function-local static: this function is inline, so one
     // static would serve every translation unit of a program while each has its own copy of the kernel
     // (and the attribute is per device).
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(select_smem_bytes(static_cast<int>(cap)))),
                fn, "cudaFuncSetAttribute");
-    if (select_team_size(kernel, longest, L.smem, fn) == 1) size(1);
+    if (select_team_size(kernel, longest, L.smem, fn, min_slice) == 1) size(1);
     return L;
 }
 
@@ -720,19 +756,8 @@ template <class Kernel, class Args>
 void launch_select_kernel(Kernel* kernel, int vectors, const SelectLaunch& L, cudaStream_t stream, Args& args,
                           const char* fn, const char* name) {
     args.cached = L.cached;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>(vectors * L.team));
-    cfg.blockDim = dim3(kSelectThreads);
-    cfg.dynamicSmemBytes = L.smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = static_cast<unsigned>(L.team);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = L.team > 1 ? 1 : 0;
-    check_cuda(cudaLaunchKernelEx(&cfg, kernel, args), fn, name);
+    const ClusterLaunchConfig c(dim3(static_cast<unsigned>(vectors * L.team)), kSelectThreads, L.smem, L.team, stream);
+    check_cuda(cudaLaunchKernelEx(&c.cfg, kernel, args), fn, name);
     check_launch(fn, name);
 }
 
