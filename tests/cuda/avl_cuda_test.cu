@@ -191,31 +191,25 @@ TEST_CASE("cuda avl: errors", "[cuda][avl]") {
 }
 
 // cuda::AvlDecodeSchedule against the CPU's DecodeSchedule built from the same selection: the rows of
-// every step and the core set re-ranked from the same probabilities (quantized to a few levels, so
+// every step and the core set re-ranked from the same probabilities (quantized to `levels` levels, so
 // that ranks tie), synchronous and asynchronous refresh, refresh every step (K = 0).
-TEST_CASE("cuda avl: the decode schedule (rows per step, refresh re-rank) against DecodeSchedule", "[cuda][avl][decode]") {
-    cuda::AvlSelector sel;
-    cuda::AvlDecodeSchedule sch;
-    const Layout layout = Layout::parse("text:9,image:64,text:5,image:100,text:7");
-    const std::int64_t n = layout.n(), H = 8, Hkv = 2, d = 64;
-    const std::uint64_t seed = vt::seed_or(20261125u) + 77;
-    INFO("seed " << seed);
+struct ScheduleVariant {
+    double rate, compute;
+    std::int64_t K;
+    bool async, check;
+    AvlSpans spans;
+};
+
+static void check_schedule(cuda::AvlSelector& sel, cuda::AvlDecodeSchedule& sch, const Layout& layout, std::int64_t H,
+                           std::int64_t Hkv, std::int64_t d, const std::vector<ScheduleVariant>& variants, int levels,
+                           std::uint64_t seed) {
+    const std::int64_t n = layout.n();
+    INFO("seed " << seed << " n " << n);
     SplitMix64 rng(seed);
     const auto q = random_values<bfloat16>(static_cast<std::size_t>(n * H * d), 2.0, rng);
     const auto k = random_values<bfloat16>(static_cast<std::size_t>(n * Hkv * d), 1.0, rng);
     cuda::DeviceArray<bfloat16> qd(q), kd(k);
     const View3<const bfloat16> qv(qd.data(), {n, H, d}), kv(kd.data(), {n, Hkv, d});
-    struct Variant {
-        double rate, compute;
-        std::int64_t K;
-        bool async, check;
-        AvlSpans spans;
-    };
-    const std::vector<Variant> variants{{0.5, 0.7, 3, false, true, AvlSpans::per_image},
-                                        {0.5, 0.7, 3, true, true, AvlSpans::per_image},
-                                        {0.3, 0.9, 2, false, false, AvlSpans::single_span},
-                                        {0.6, 0.8, 4, true, false, AvlSpans::single_span},
-                                        {0.5, 0.7, 0, false, true, AvlSpans::per_image}};
     for (const auto& v : variants) {
         AvlParams P;
         P.rate = v.rate;
@@ -231,9 +225,20 @@ TEST_CASE("cuda avl: the decode schedule (rows per step, refresh re-rank) agains
         REQUIRE(kept.indices.at(0) == want.kept.indices.at(0));
         DecodeSchedule cpu(want, P);
         sch.reset(s, P);
+        // With async_refresh the re-rank runs on a second (non-blocking) stream, as an engine would run it
+        // beside the next step's decode; the default stream waits for it before the step that reads it.
+        cudaStream_t side = nullptr;
+        cudaEvent_t ranked = nullptr;
+        if (v.async) {
+            REQUIRE(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) == cudaSuccess);
+            REQUIRE(cudaEventCreateWithFlags(&ranked, cudaEventDisableTiming) == cudaSuccess);
+        }
+        std::int64_t join_at = -1;
+        std::vector<cuda::DeviceArray<float>> kept_alive;
         for (std::int64_t t = 0; t < 10; ++t) {
             INFO("step " << t);
             const std::int64_t seq = n + t + 1;
+            if (t == join_at) REQUIRE(cudaStreamWaitEvent(nullptr, ranked, 0) == cudaSuccess);
             cpu.begin_step(t);
             sch.begin_step(t);
             const std::vector<std::int64_t> cl = cpu.positions(t, seq).indices.at(0);
@@ -244,16 +249,57 @@ TEST_CASE("cuda avl: the decode schedule (rows per step, refresh re-rank) agains
             REQUIRE(sch.is_refresh(t));
             // Probabilities of the listed rows, a few levels only (ties at the cuts).
             std::vector<float> probs(cl.size());
-            for (auto& x : probs) x = static_cast<float>(std::floor(rng.uniform() * 6.0)) / 64.0f;
+            for (auto& x : probs) x = static_cast<float>(std::floor(rng.uniform() * levels)) / 64.0f;
             cuda::DeviceArray<float> pd(probs);
-            sch.refresh(t, pd.data(), nullptr, v.check);
+            if (v.async) {
+                REQUIRE(cudaDeviceSynchronize() == cudaSuccess);  // (pd's upload, on the default stream)
+                sch.refresh(t, pd.data(), side, v.check);
+                REQUIRE(cudaEventRecord(ranked, side) == cudaSuccess);
+                join_at = t + 2;
+            } else {
+                sch.refresh(t, pd.data(), nullptr, v.check);
+            }
             cpu.refresh(t, [&](std::int64_t p) {
                 const auto it = std::lower_bound(cl.begin(), cl.end(), p);
                 return static_cast<double>(probs[static_cast<std::size_t>(it - cl.begin())]);
             });
+            if (v.async) kept_alive.push_back(std::move(pd));  // (read by the second stream after this step)
+        }
+        if (v.async) {
+            REQUIRE(cudaStreamSynchronize(side) == cudaSuccess);
+            REQUIRE(cudaEventDestroy(ranked) == cudaSuccess);
+            REQUIRE(cudaStreamDestroy(side) == cudaSuccess);
         }
     }
-    // Errors.
+}
+
+TEST_CASE("cuda avl: the decode schedule (rows per step, refresh re-rank) against DecodeSchedule", "[cuda][avl][decode]") {
+    cuda::AvlSelector sel;
+    cuda::AvlDecodeSchedule sch;
+    const Layout layout = Layout::parse("text:9,image:64,text:5,image:100,text:7");
+    const std::int64_t n = layout.n(), H = 8, Hkv = 2, d = 64;
+    const std::uint64_t seed = vt::seed_or(20261125u) + 77;
+    const std::vector<ScheduleVariant> variants{{0.5, 0.7, 3, false, true, AvlSpans::per_image},
+                                                {0.5, 0.7, 3, true, true, AvlSpans::per_image},
+                                                {0.3, 0.9, 2, false, false, AvlSpans::single_span},
+                                                {0.6, 0.8, 4, true, false, AvlSpans::single_span},
+                                                {0.5, 0.7, 0, false, true, AvlSpans::per_image}};
+    check_schedule(sel, sch, layout, H, Hkv, d, variants, 6, seed);
+    // Spans of thousands of kept rows (ranked by a team of blocks), and more spans than the kernel takes in
+    // its parameters (40 images: the spans read from device memory); many and few probability levels.
+    const std::vector<ScheduleVariant> big{{0.5, 0.7, 3, false, true, AvlSpans::per_image},
+                                           {0.6, 0.8, 2, true, false, AvlSpans::single_span}};
+    check_schedule(sel, sch, Layout::parse("text:13,image:9000,text:7,image:5000,text:21"), 4, 1, 64, big, 6, seed + 1);
+    check_schedule(sel, sch, Layout::parse("text:13,image:20000,text:7"), 4, 1, 64, big, 1000, seed + 2);
+    std::string many = "text:3";
+    for (int i = 0; i < 40; ++i) many += ",image:" + std::to_string(30 + 7 * (i % 5)) + ",text:2";
+    check_schedule(sel, sch, Layout::parse(many), 4, 2, 64, big, 6, seed + 3);
+    // Errors (and a checked refresh after a failed one).
+    SplitMix64 rng(seed);
+    const auto q = random_values<bfloat16>(static_cast<std::size_t>(n * H * d), 2.0, rng);
+    const auto k = random_values<bfloat16>(static_cast<std::size_t>(n * Hkv * d), 1.0, rng);
+    cuda::DeviceArray<bfloat16> qd(q), kd(k);
+    const View3<const bfloat16> qv(qd.data(), {n, H, d}), kv(kd.data(), {n, Hkv, d});
     AvlParams P;
     P.refresh_every = 3;
     const cuda::DeviceAvlSelection& s = sel.select(qv, kv, layout, P);
@@ -269,9 +315,18 @@ TEST_CASE("cuda avl: the decode schedule (rows per step, refresh re-rank) agains
     cuda::DeviceArray<float> bd(bad);
     REQUIRE_THROWS_WITH(sch.refresh(0, bd.data()), Contains("not finite"));
     REQUIRE_THROWS_WITH(sch.positions(0, n), Contains("expected > the prompt length"));
-    sch.begin_step(1);
-    REQUIRE_THROWS_WITH(sch.refresh(1, bd.data()), Contains("not a refresh step"));
-    REQUIRE_THROWS_WITH(sch.begin_step(1), Contains("increasing order"));
+    // The next refresh with finite probabilities is not blamed for the earlier one, checked or not.
+    std::vector<float> good(bad.size(), 0.01f);
+    cuda::DeviceArray<float> gd(good);
+    sch.begin_step(3);
+    sch.positions(3, n + 4);
+    sch.refresh(3, gd.data(), nullptr, false);
+    sch.begin_step(6);
+    sch.positions(6, n + 7);
+    sch.refresh(6, gd.data());
+    sch.begin_step(7);
+    REQUIRE_THROWS_WITH(sch.refresh(7, bd.data()), Contains("not a refresh step"));
+    REQUIRE_THROWS_WITH(sch.begin_step(7), Contains("increasing order"));
     cuda::AvlDecodeSchedule fresh;
     REQUIRE_THROWS_WITH(fresh.begin_step(0), Contains("reset()"));
 }

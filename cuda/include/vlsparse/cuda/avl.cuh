@@ -80,10 +80,77 @@ __global__ void avl_step_list_kernel(const std::int32_t* base, int base_len, int
     }
 }
 
-// scores[rows[e]] = probs[e] for the first m entries (the kept prompt rows of a refresh step's list).
+// One span of a decode refresh, in the index space of the kept list (ascending positions, so a span's
+// kept image rows are one run of it): entries [lo, lo + len), of which the k best join the core set,
+// written from out + off of the base list (every span contributes exactly k rows, so the base list's
+// other rows -- the kept non-image ones -- never move).
+struct AvlRefreshSpan {
+    std::int32_t lo = 0, len = 0, k = 0, off = 0;
+};
+inline constexpr int kAvlInlineSpans = 32;  // spans passed in the kernel parameters (more: a device array)
+
+struct AvlRefreshArgs {
+    AvlRefreshSpan inline_spans[kAvlInlineSpans];
+    const AvlRefreshSpan* spans = nullptr;  // device, when there are more than kAvlInlineSpans
+    const float* probs = nullptr;           // [kept_len]: the refresh step's probability of each kept row
+    const std::int32_t* kept = nullptr;     // [kept_len]: the kept rows, ascending
+    std::int32_t* out = nullptr;            // the base list the span's core rows are written into
+    int* status = nullptr;                  // [2]: status[slot] |= kScoreBad; status[1 - slot] cleared
+    int slot = 0;
+    int cached = 0;                         // probabilities per block kept in shared memory (launch_select_kernel)
+};
+
+// The core re-rank of a refresh step, one span per team (grid spans x team size, the team a cluster
+// or one block: select.cuh): the span's k best kept rows by probability (descending, ties to the lower
+// position) written in ascending order at out + off. A probability that is not finite or is negative
+// is flagged in the status word and ranked as 0 (the host reports it when checking).
 template <int Unused = 0>
-__global__ void avl_refresh_scatter_kernel(const std::int32_t* rows, const float* probs, int m, float* scores) {
-    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < m; e += gridDim.x * blockDim.x) scores[rows[e]] = probs[e];
+__global__ void __launch_bounds__(kSelectThreads) avl_refresh_kernel(const __grid_constant__ AvlRefreshArgs a) {
+    __shared__ RadixShared sh;
+    __shared__ int s_bad;
+    extern __shared__ __align__(16) unsigned char refresh_dyn[];
+    const RadixTeam team = RadixTeam::current();
+    const int si = static_cast<int>(blockIdx.x) / team.size;
+    const AvlRefreshSpan sp = a.spans ? a.spans[si] : a.inline_spans[si];
+    if (threadIdx.x == 0) {
+        sh.wh = reinterpret_cast<RadixWarpHist*>(refresh_dyn);
+        s_bad = 0;
+        if (blockIdx.x == 0) a.status[1 - a.slot] = 0;  // the next refresh's word
+    }
+    __syncthreads();
+    const int n = sp.len, lo = team.slice_lo(n), hi = team.slice_hi(n);
+    const float* pr = a.probs + sp.lo;
+    float* cache = reinterpret_cast<float*>(refresh_dyn + sizeof(RadixWarpHist));
+    const bool cached = hi - lo <= a.cached;
+    bool bad = false;
+    for (int j = lo + static_cast<int>(threadIdx.x); j < hi; j += blockDim.x) {
+        const float x = pr[j];
+        bad |= !(x >= 0.0f) || !isfinite(x);
+        if (cached) cache[j - lo] = x > 0.0f ? x : 0.0f;
+    }
+    if (bad) s_bad = 1;
+    __syncthreads();
+    if (s_bad && threadIdx.x == 0) atomicOr(a.status + a.slot, kScoreBad);
+    const auto score = [&](int j) {
+        if (cached) return cache[j - lo];
+        const float x = pr[j];
+        return x > 0.0f ? x : 0.0f;  // (NaN and negatives as 0: flagged above)
+    };
+    const bool all = sp.k >= n;
+    unsigned vkey = 0;
+    int need = n, eq_count = 0, eq_before = 0;
+    if (!all) block_topk_threshold(sh, team, score, n, sp.k, vkey, need, eq_count, eq_before);
+    const bool ranked = !all && need < eq_count;
+    const auto tie = [&](int j) { return score_key(score(j)) == vkey; };
+    const auto keep = [&](int j, bool t, int rank) {
+        if (all) return true;
+        const unsigned key = score_key(score(j));
+        return key > vkey || (key == vkey && (!ranked || (t && rank < need)));
+    };
+    std::int32_t* out = a.out + sp.off;
+    const std::int32_t* kp = a.kept + sp.lo;
+    team_compact(sh, team, lo, hi, ranked, tie, keep, [&](int at, int j) { out[at] = kp[j]; }, eq_before);
+    team.sync();  // no block leaves while another may still read its shared memory
 }
 
 template <int Unused = 0>
@@ -266,11 +333,18 @@ private:
 // kept image rows, score descending, position ascending), ranked exactly on the fp32 probabilities:
 // given the same probabilities, the core sets are equal. positions() never synchronizes (its length
 // is known on the host); refresh() synchronizes once when `check` is on (scores finite and >= 0),
-// never when off. Cost (H100, one span of n image rows, bf16 H 28 / H_kv 4 / d 128, docs/cuda.md):
-// positions() 3-4 us, under 10% of a dense decode step of the layer; refresh() 57-77 us at 16K,
-// 1.5-3x a dense decode step (the re-rank runs in one thread block per span).
+// never when off. The re-rank is one kernel over the kept list (a span's kept image rows are one run
+// of it, and every span contributes a fixed number of rows, so the base list's other rows never move):
+// a team of blocks per span ranks the step's probabilities and writes the span's core rows into the
+// base list the next steps read. With async_refresh the new set is read from step t + 2, so refresh()
+// may run on a second stream beside step t + 1's decode (the engine orders the step t + 2 after it
+// with an event). Cost (H100, one span, bf16 H 28 / H_kv 4 / d 128, docs/cuda.md): positions() 3-4
+// us; refresh() unchecked 18 us at 16K and 31 us at 128K, run in the decode stream about half / a
+// third of a dense decode step; on a second stream beside the next step, within the noise of the step.
 class AvlDecodeSchedule {
 public:
+    static constexpr int kRefreshSlice = 2048;  // kept rows per block of a span's team
+
     AvlDecodeSchedule() = default;
     AvlDecodeSchedule(const AvlDecodeSchedule&) = delete;
     AvlDecodeSchedule& operator=(const AvlDecodeSchedule&) = delete;
@@ -289,44 +363,76 @@ public:
         core_budget_ = sel.core_budget;
         const TokenSelection kept = sel.kept.to_host(), core = sel.core.to_host();
         const auto& kl = kept.indices[0];
+        const auto& cl = core.indices[0];
         kept_len_ = static_cast<std::int64_t>(kl.size());
-        std::vector<std::uint8_t> base_mask(static_cast<std::size_t>(n_), 0), eligible(static_cast<std::size_t>(n_), 0);
-        non_image_.assign(static_cast<std::size_t>(n_), 0);
-        std::int64_t non_image = 0;
-        for (auto p : kl) {
-            if (::vlsparse::detail::in_spans(spans_, p)) {
-                eligible[static_cast<std::size_t>(p)] = 1;
-            } else {
-                non_image_[static_cast<std::size_t>(p)] = 1;
-                base_mask[static_cast<std::size_t>(p)] = 1;
-                ++non_image;
+        // Each span's kept image rows are one run of the ascending kept list: entries [lo, lo + len).
+        // The span's k = min(budget, len) best join the core set; in the base list (the kept rows
+        // outside every span and the core rows, ascending) they start at off = lo minus the rows the
+        // earlier spans leave out.
+        std::vector<detail::AvlRefreshSpan> ranked;
+        std::int64_t left_out = 0, budget = 0, prev_end = 0, longest = 0;
+        for (std::size_t i = 0; i < spans_.size(); ++i) {
+            const AvlSpan& sp = spans_[i];
+            detail::require(sp.start >= prev_end && sp.length >= 0, fn, "image span ", i, " [", sp.start, ", ", sp.end(),
+                            ") overlaps or precedes the span before it (expected ascending, disjoint spans)");
+            prev_end = sp.end();
+            const std::int64_t lo = std::lower_bound(kl.begin(), kl.end(), sp.start) - kl.begin();
+            const std::int64_t hi = std::lower_bound(kl.begin(), kl.end(), sp.end()) - kl.begin();
+            const std::int64_t len = hi - lo, k = std::clamp<std::int64_t>(core_budget_[i], 0, len);
+            budget += k;
+            if (k > 0) {
+                ranked.push_back({static_cast<std::int32_t>(lo), static_cast<std::int32_t>(len), static_cast<std::int32_t>(k),
+                                  static_cast<std::int32_t>(lo - left_out)});
+                longest = std::max(longest, len);
+            }
+            left_out += len - k;
+        }
+        base_len_ = kept_len_ - left_out;
+        detail::require(static_cast<std::int64_t>(cl.size()) == budget, fn, "the selection's core set has ", cl.size(),
+                        " rows, its core budgets (each at most its span's kept rows) sum to ", budget);
+        // The first base list: the kept rows outside every span and the prefill's core rows, ascending.
+        std::vector<std::int32_t> base_list;
+        base_list.reserve(static_cast<std::size_t>(base_len_));
+        {
+            std::size_t c = 0;
+            for (auto p : kl) {
+                while (c < cl.size() && cl[c] < p) ++c;
+                if (!::vlsparse::detail::in_spans(spans_, p) || (c < cl.size() && cl[c] == p))
+                    base_list.push_back(static_cast<std::int32_t>(p));
             }
         }
-        for (auto p : core.indices[0]) base_mask[static_cast<std::size_t>(p)] = 1;
-        std::int64_t budget = 0;
-        for (auto b : core_budget_) budget += b;
-        base_len_ = non_image + budget;
-        detail::require(non_image + static_cast<std::int64_t>(core.indices[0].size()) == base_len_, fn,
-                        "the selection's core set has ", core.indices[0].size(), " rows, its core budgets sum to ", budget);
-        // Device: the kept list and the eligible mask (kept image rows), scores [n].
+        detail::require(static_cast<std::int64_t>(base_list.size()) == base_len_, fn, "the selection's core set (", cl.size(),
+                        " rows) is not a subset of its kept image rows");
+        refresh_args_ = detail::AvlRefreshArgs{};
+        refresh_spans_ = static_cast<int>(ranked.size());
+        if (refresh_spans_ <= detail::kAvlInlineSpans) std::copy(ranked.begin(), ranked.end(), refresh_args_.inline_spans);
+        // Device: the kept list, two base lists (alternating between refreshes), the spans, two status words.
         const std::size_t b_kept = detail::align256(static_cast<std::size_t>(std::max<std::int64_t>(kept_len_, 1)) * 4);
-        const std::size_t b_el = detail::align256(static_cast<std::size_t>(n_));
-        const std::size_t b_sc = detail::align256(static_cast<std::size_t>(n_) * 4);
-        char* base = static_cast<char*>(work_.get(b_kept + b_el + b_sc, fn));
+        const std::size_t b_base = detail::align256(static_cast<std::size_t>(std::max<std::int64_t>(base_len_, 1)) * 4);
+        const std::size_t b_sp = detail::align256(std::max<std::size_t>(ranked.size(), 1) * sizeof(detail::AvlRefreshSpan));
+        const std::size_t bytes = b_kept + 2 * b_base + b_sp + 256;
+        char* base = static_cast<char*>(work_.get(bytes, fn));
         kept_ = reinterpret_cast<std::int32_t*>(base);
-        eligible_ = reinterpret_cast<std::uint8_t*>(base + b_kept);
-        scores_ = reinterpret_cast<float*>(base + b_kept + b_el);
-        char* h = staging_.get(b_kept + b_el, fn);
+        base_[0] = reinterpret_cast<std::int32_t*>(base + b_kept);
+        base_[1] = reinterpret_cast<std::int32_t*>(base + b_kept + b_base);
+        auto* spans_d = reinterpret_cast<detail::AvlRefreshSpan*>(base + b_kept + 2 * b_base);
+        status_ = reinterpret_cast<int*>(base + b_kept + 2 * b_base + b_sp);
+        char* h = staging_.get(bytes, fn);
+        std::memset(h, 0, bytes);
         auto* hk = reinterpret_cast<std::int32_t*>(h);
         for (std::int64_t i = 0; i < kept_len_; ++i) hk[i] = static_cast<std::int32_t>(kl[static_cast<std::size_t>(i)]);
-        std::memcpy(h + b_kept, eligible.data(), eligible.size());
-        detail::check_cuda(cudaMemcpyAsync(base, h, b_kept + b_el, cudaMemcpyHostToDevice, stream), fn, "cudaMemcpyAsync");
+        if (!base_list.empty()) {
+            std::memcpy(h + b_kept, base_list.data(), base_list.size() * 4);
+            std::memcpy(h + b_kept + b_base, base_list.data(), base_list.size() * 4);
+        }
+        if (!ranked.empty()) std::memcpy(h + b_kept + 2 * b_base, ranked.data(), ranked.size() * sizeof(detail::AvlRefreshSpan));
+        detail::check_cuda(cudaMemcpyAsync(base, h, bytes, cudaMemcpyHostToDevice, stream), fn, "cudaMemcpyAsync");
         staging_.mark(stream, fn);
-        // The first base list: the prefill's core rows and the non-image kept rows.
-        builders_[0].begin(1, n_, 0, 0, base_mask, stream, fn);
-        builders_[0].finish(stream, fn);
-        detail::require(builders_[0].result().indptr.back() == base_len_, fn, "internal: base list of ",
-                        builders_[0].result().indptr.back(), " rows, expected ", base_len_);
+        if (refresh_spans_ > detail::kAvlInlineSpans) refresh_args_.spans = spans_d;
+        refresh_args_.kept = kept_;
+        refresh_args_.status = status_;
+        if (refresh_spans_ > 0) launch_ = detail::plan_select_launch(detail::avl_refresh_kernel<>, longest, fn, kRefreshSlice);
+        refreshes_ = 0;
         cur_ = 0;
         has_pending_ = false;
         last_step_ = -1;
@@ -362,7 +468,7 @@ public:
         detail::require(seq_len > n_ && seq_len <= std::numeric_limits<std::int32_t>::max(), fn, "seq_len = ", seq_len,
                         ", expected > the prompt length ", n_, " (append the decode token first)");
         const bool full = is_refresh(t);
-        const std::int32_t* src = full ? kept_ : builders_[cur_].indices_device();
+        const std::int32_t* src = full ? kept_ : base_[cur_];
         const std::int64_t blen = full ? kept_len_ : base_len_;
         const std::int64_t total = blen + (seq_len - n_);
         const std::size_t b_out = detail::align256(static_cast<std::size_t>(total) * 4);
@@ -397,26 +503,23 @@ public:
         detail::require(t == last_step_ && step_list_t_ == t && step_list_full_, fn, "step ", t,
                         " is not the current step, or positions(", t, ") was not taken for it");
         detail::require(probs != nullptr, fn, "probs is null; expected the step's probabilities on the device");
-        detail::check_cuda(cudaMemsetAsync(scores_, 0, static_cast<std::size_t>(n_) * 4, stream), fn, "cudaMemsetAsync");
-        if (kept_len_ > 0) {
-            const unsigned blocks = static_cast<unsigned>(std::clamp<std::int64_t>((kept_len_ + 255) / 256, 1, 1024));
-            detail::avl_refresh_scatter_kernel<><<<blocks, 256, 0, stream>>>(kept_, probs, static_cast<int>(kept_len_), scores_);
-            detail::check_launch(fn, "avl_refresh_scatter_kernel");
-        }
-        // The builder the steps before the new set takes effect do not read (two alternate).
+        // The base list the steps before the new set takes effect do not read (two alternate).
         const int next = cur_ ^ 1;
-        detail::ListBuilder& b = builders_[next];
-        b.begin(1, n_, 0, 0, non_image_, stream, fn);
-        for (std::size_t i = 0; i < spans_.size(); ++i) b.rank(0, spans_[i].start, spans_[i].end(), core_budget_[i]);
-        b.run_tasks_device(scores_, n_, eligible_, stream, fn);
-        if (check) {
-            b.finish(stream, fn);
-            detail::require((b.status() & detail::kScoreBad) == 0, fn,
-                            "a probability is not finite or is negative (NaN / Inf in the decode step?)");
-            detail::require(b.result().indptr.back() == base_len_, fn, "internal: core list of ", b.result().indptr.back(),
-                            " rows, expected ", base_len_);
-        } else {
-            b.compact(stream, fn);
+        if (refresh_spans_ > 0) {
+            detail::AvlRefreshArgs a = refresh_args_;
+            a.probs = probs;
+            a.out = base_[next];
+            a.slot = static_cast<int>(refreshes_ & 1);
+            detail::launch_select_kernel(detail::avl_refresh_kernel<>, refresh_spans_, launch_, stream, a, fn, "avl_refresh_kernel");
+            ++refreshes_;
+            if (check) {
+                int st = 0;
+                detail::check_cuda(cudaMemcpyAsync(&st, status_ + a.slot, sizeof(int), cudaMemcpyDeviceToHost, stream), fn,
+                                   "cudaMemcpyAsync");
+                detail::check_cuda(cudaStreamSynchronize(stream), fn, "cudaStreamSynchronize");
+                detail::require((st & detail::kScoreBad) == 0, fn,
+                                "a probability is not finite or is negative (NaN / Inf in the decode step?)");
+            }
         }
         if (P_.async_refresh) {
             pending_ = next;
@@ -432,13 +535,15 @@ private:
     std::int64_t n_ = 0, kept_len_ = 0, base_len_ = 0;
     std::vector<AvlSpan> spans_;
     std::vector<std::int64_t> core_budget_;
-    std::vector<std::uint8_t> non_image_;  // host [n]: kept rows outside every span
     detail::GrowBuffer work_, out_;
     detail::PinnedStaging staging_;
-    detail::ListBuilder builders_[2];
-    std::int32_t* kept_ = nullptr;
-    std::uint8_t* eligible_ = nullptr;
-    float* scores_ = nullptr;
+    detail::SelectLaunch launch_;
+    detail::AvlRefreshArgs refresh_args_;  // the spans and the kept list; probs / out / slot per refresh
+    int refresh_spans_ = 0;                // spans with rows to rank
+    std::int64_t refreshes_ = 0;
+    std::int32_t* kept_ = nullptr;         // device [kept_len]
+    std::int32_t* base_[2] = {nullptr, nullptr};  // device [base_len] each: the core set in use and the next
+    int* status_ = nullptr;                // device [2]: the refreshes' check words, alternating
     DeviceSelection step_;
     int cur_ = 0, pending_ = 0;
     std::int64_t pending_at_ = 0, last_step_ = -1, step_list_t_ = -1;
