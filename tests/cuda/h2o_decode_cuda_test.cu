@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
 #include <vlsparse/core/rng.hpp>
@@ -174,6 +175,22 @@ TEST_CASE("cuda h2o decode: each step's lists and the scores equal the CPU rule 
         H2OCase c;  // q = 0: every step's probabilities equal, ties at every cut
         c.zero_q = true;
         c.n = 200;
+        c.seed = ++seed;
+        run_case(c);
+    }
+    // Lists of thousands of positions, updated by a team of blocks (one per 2048 entries, a cluster of up
+    // to 8 on sm_90): the dropped entry agreed across the team, ties across blocks (q = 0), and lists
+    // longer than the team covers in one round.
+    for (const auto& [n, heavy, recent, zero] : std::vector<std::tuple<std::int64_t, double, double, bool>>{
+             {12000, 0.3, 0.1, false}, {9000, 0.4, 0.05, true}, {45000, 0.3, 0.1, false}}) {
+        H2OCase c;
+        c.n = n;
+        c.H = 8;
+        c.Hkv = 2;
+        c.heavy = heavy;
+        c.recent = recent;
+        c.zero_q = zero;
+        c.steps = 6;
         c.seed = ++seed;
         run_case(c);
     }
