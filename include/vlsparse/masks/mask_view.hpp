@@ -20,6 +20,17 @@
 
 namespace vlsparse {
 
+// A load of mask data that nothing writes while it is read: through the read-only data cache in
+// device code (the per-row facts are loaded once per row group of a kernel), a plain load on the host.
+template <class T>
+VLSPARSE_HD inline T mask_load(const T* p) {
+#if defined(__CUDA_ARCH__)
+    return __ldg(p);
+#else
+    return *p;
+#endif
+}
+
 // What the rule needs of a query row i (for one template).
 template <class I>
 struct MaskRowFacts {
@@ -77,12 +88,12 @@ struct MaskContextView {
     VLSPARSE_HD MaskRowFacts<I> row(int tmpl, I i) const {
         MaskRowFacts<I> r;
         r.tmpl = tmpl;
-        r.a = token_image[i];
+        r.a = mask_load(token_image + i);
         r.hi = i + 1;
         if (r.a >= 0) {
-            if (bidirectional) r.hi = image_end[r.a];
-            r.vs = image_start[r.a];
-            r.T = video ? frame_tokens[r.a] : 0;
+            if (bidirectional) r.hi = mask_load(image_end + r.a);
+            r.vs = mask_load(image_start + r.a);
+            r.T = video ? mask_load(frame_tokens + r.a) : 0;
         }
         return r;
     }

@@ -79,19 +79,13 @@ struct PrefillItem {
 using DeviceMask = BlockMaskView<std::int32_t>;
 using MaskRow = MaskRowFacts<int>;
 
-// What the rule needs of a query row, read once per block (read-only loads; i < 0: a padding row).
+// What the rule needs of a query row, read once per block (MaskContextView::row: read-only loads; i <
+// 0: a padding row).
 __device__ __forceinline__ MaskRow mask_row(const DeviceMask& m, int i, int head) {
+    const int tmpl = m.head_template[head];
+    if (i >= 0) return m.context.row(tmpl, i);
     MaskRow r;
-    r.tmpl = m.head_template[head];
-    if (i < 0) return r;
-    const MaskContextView<std::int32_t>& c = m.context;
-    r.a = __ldg(c.token_image + i);
-    r.hi = i + 1;
-    if (r.a >= 0) {
-        if (c.bidirectional) r.hi = __ldg(c.image_end + r.a);
-        r.vs = __ldg(c.image_start + r.a);
-        r.T = c.video ? __ldg(c.frame_tokens + r.a) : 0;
-    }
+    r.tmpl = tmpl;
     return r;
 }
 
