@@ -3,8 +3,10 @@
 // GQA ratios 1, 2, 3, 4, 8 (3: a padded query block), head dims 40 / 64 / 128 / 256 (40: padded
 // tiles), shared and per-KV-head lists of 1 entry up to every row (lengths not multiples of the
 // tile), strided q, fp32 / bf16 outputs, repeat calls bit-identical; dense decode as the all-rows
-// list, also after per-head eviction; an engine's own cache view off 16-byte alignment; bad input is
-// a vlsparse::error. Built with -Dcuda=enabled; runs on a GPU (suite cuda).
+// list, also after per-head eviction; the lists given as host CacheRows (over the device copy and over
+// a cache view, on a non-blocking stream too) bit-identical to a DeviceRowLists; an engine's own cache
+// view off 16-byte alignment; bad input is a vlsparse::error. Built with -Dcuda=enabled; runs on a GPU
+// (suite cuda); the explicit instantiations below compile every overload's host code without one.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime.h>
@@ -26,6 +28,18 @@
 
 using namespace vlsparse;
 using Catch::Matchers::Contains;
+
+// Compile-only: the CacheRows overloads for each cache type, with fp32 and 16-bit outputs (instantiated
+// here, so a build without a GPU compiles their host code; run by the tests below).
+template void cuda::indexed_decode_attention(View2<const float>, const KvBatchView<const float>&, const CacheRows&,
+                                             View2<float>, const AttentionOptions&, cudaStream_t);
+template void cuda::indexed_decode_attention(View2<const float>, const KvBatchView<const bfloat16>&, const CacheRows&,
+                                             View2<bfloat16>, const AttentionOptions&, cudaStream_t);
+template void cuda::indexed_decode_attention(View2<const vlsparse::half>, const cuda::DeviceKvCache<vlsparse::half>&,
+                                             const CacheRows&, View2<vlsparse::half>, const AttentionOptions&,
+                                             cudaStream_t);
+template void cuda::indexed_decode_attention(View2<const float>, const cuda::DeviceKvCache<bfloat16>&, const CacheRows&,
+                                             View2<float>, const AttentionOptions&, cudaStream_t);
 
 namespace {
 
@@ -120,6 +134,16 @@ void compare(const KvCache<T>& cache, const CacheRows& rows, std::int64_t H, std
     DeviceBuffer<float> ow(static_cast<std::size_t>(H * d));
     cuda::indexed_decode_attention(qv, dc.view(), dl, View2<float>(ow.p, {H, d}));
     CHECK(ow.get() == out);
+
+    // The lists as host CacheRows, as the reference takes them: over the device copy (checked per KV
+    // head) and over its view (every head holding the copy's rows). The same lists on the device, the
+    // same kernel: the same bits.
+    REQUIRE(cudaMemset(ow.p, 0xff, H * d * sizeof(float)) == cudaSuccess);
+    cuda::indexed_decode_attention(qv, dc, rows, View2<float>(ow.p, {H, d}));
+    CHECK(ow.get() == out);
+    REQUIRE(cudaMemset(ow.p, 0xff, H * d * sizeof(float)) == cudaSuccess);
+    cuda::indexed_decode_attention(qv, dc.view(), rows, View2<float>(ow.p, {H, d}));
+    CHECK(ow.get() == out);
 }
 
 }  // namespace
@@ -168,6 +192,39 @@ TEST_CASE("cuda indexed decode: every row listed is dense decode, also after per
     compare(cache, per, H, base_seed() + 2010);
 }
 
+TEST_CASE("cuda indexed decode: host CacheRows on a non-blocking stream match the reference", "[cuda][indexed]") {
+    // A non-blocking stream does not wait for the legacy default stream: the lists must be copied on
+    // the call's own stream to be complete when the kernel reads them.
+    cudaStream_t stream = nullptr;
+    REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+    const std::uint64_t seed = base_seed() + 2200;
+    for (std::int64_t d : {64, 128}) {
+        const std::int64_t n = 700, Hkv = 4, H = 16;
+        const auto s0 = seed + static_cast<std::uint64_t>(d);
+        auto cache = random_cache<bfloat16>(n, Hkv, d, s0);
+        TokenSelection keep;  // per-head eviction: KV heads of 300 .. 600 rows
+        keep.n = n;
+        for (std::int64_t g = 0; g < Hkv; ++g)
+            keep.indices.push_back(random_subset(n, 300 + 100 * g, s0 + 1 + static_cast<std::uint64_t>(g)));
+        cache.keep(keep);
+        CacheRows per;
+        for (std::int64_t g = 0; g < Hkv; ++g)
+            per.push(random_subset(cache.rows(g), 1 + 37 * g, s0 + 10 + static_cast<std::uint64_t>(g)));
+        const auto q = uniform(static_cast<std::size_t>(H * d), s0 + 20);
+        std::vector<double> ref(static_cast<std::size_t>(H * d));
+        reference::indexed_decode_attention(View2<const float>(q.data(), {H, d}), cache, per,
+                                            View2<double>(ref.data(), {H, d}));
+        cuda::DeviceKvCache<bfloat16> dc(cache);
+        DeviceBuffer<float> qd(q), od(static_cast<std::size_t>(H * d));
+        REQUIRE(cudaMemset(od.p, 0xff, H * d * sizeof(float)) == cudaSuccess);
+        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+        cuda::indexed_decode_attention(View2<const float>(qd.p, {H, d}), dc, per, View2<float>(od.p, {H, d}), {}, stream);
+        INFO("d " << d << ", seed " << s0);
+        CHECK(nmse(od.get(), ref) <= 1e-9);
+    }
+    REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
+}
+
 TEST_CASE("cuda indexed decode: a cache view off 16-byte alignment takes the element-by-element copy path, same result",
           "[cuda][indexed]") {
     const std::int64_t n = 200, H = 8, Hkv = 2, d = 128;
@@ -190,7 +247,12 @@ TEST_CASE("cuda indexed decode: a cache view off 16-byte alignment takes the ele
     cuda::DeviceRowLists dl(rows, Hkv, n);
     DeviceBuffer<float> qd(q), od(static_cast<std::size_t>(H * d));
     cuda::indexed_decode_attention(View2<const float>(qd.p, {H, d}), view, dl, View2<float>(od.p, {H, d}));
-    CHECK(nmse(od.get(), ref) <= 1e-9);
+    const auto out = od.get();
+    CHECK(nmse(out, ref) <= 1e-9);
+    // The same view with the host CacheRows: the length read from the view's device seq_lens.
+    DeviceBuffer<float> o2(static_cast<std::size_t>(H * d));
+    cuda::indexed_decode_attention(View2<const float>(qd.p, {H, d}), view, rows, View2<float>(o2.p, {H, d}));
+    CHECK(o2.get() == out);
 }
 
 TEST_CASE("cuda indexed decode: bad input is a clear error", "[cuda][indexed][errors]") {
@@ -215,6 +277,44 @@ TEST_CASE("cuda indexed decode: bad input is a clear error", "[cuda][indexed][er
     REQUIRE_THROWS_WITH(cuda::indexed_decode_attention(View2<const float>(q.p, {H, d}), dc.view(), dl,
                                                        View2<float>(out.p, {H, d - 1})),
                         Contains("out has shape"));
+    // Host CacheRows: the same check and messages as the CPU path, naming the decode call.
+    const View2<const float> qv(q.p, {H, d});
+    const View2<float> ov(out.p, {H, d});
+    REQUIRE_THROWS_WITH(cuda::indexed_decode_attention(qv, dc, CacheRows{{}}, ov),
+                        Contains("cuda::indexed_decode_attention") && Contains("empty"));
+    REQUIRE_THROWS_WITH(cuda::indexed_decode_attention(qv, dc.view(), CacheRows{{3, 1}}, ov), Contains("not sorted"));
+    REQUIRE_THROWS_WITH(cuda::indexed_decode_attention(qv, dc.view(), CacheRows{{1, 20}}, ov),
+                        Contains("expected a row in [0, 20)"));
+    REQUIRE_THROWS_WITH(cuda::indexed_decode_attention(qv, dc, CacheRows{{1}, {2}, {3}}, ov), Contains("3 lists"));
+    REQUIRE_THROWS_WITH(cuda::indexed_decode_attention(qv, dc, CacheRows{}, ov), Contains("0 lists"));
+    REQUIRE_THROWS_WITH(cuda::indexed_decode_attention(qv, dc, CacheRows{{0, 5}}, View2<float>(out.p, {H, d - 1})),
+                        Contains("out has shape"));
+    {
+        // After per-head eviction the device copy pads the shorter head: a list naming a padding row is
+        // rejected against the rows that head holds, as the reference rejects it against the KvCache.
+        auto ev = random_cache<float>(n, Hkv, d, base_seed() + 3002);
+        TokenSelection keep;
+        keep.n = n;
+        keep.indices = {random_subset(n, 20, base_seed() + 3003), random_subset(n, 12, base_seed() + 3004)};
+        ev.keep(keep);
+        cuda::DeviceKvCache<float> dev(ev);
+        REQUIRE(dev.rows() == 20);
+        REQUIRE(dev.rows(1) == 12);
+        REQUIRE_THROWS_WITH(cuda::indexed_decode_attention(qv, dev, CacheRows{{0, 5}, {0, 15}}, ov),
+                            Contains("expected a row in [0, 12) of KV head 1"));
+        const std::vector<float> qh(static_cast<std::size_t>(H * d), 0.25f);
+        std::vector<double> ref(qh.size());
+        REQUIRE_THROWS_WITH(reference::indexed_decode_attention(View2<const float>(qh.data(), {H, d}), ev,
+                                                                CacheRows{{0, 5}, {0, 15}},
+                                                                View2<double>(ref.data(), {H, d})),
+                            Contains("expected a row in [0, 12) of KV head 1"));
+        // The last row of each head is accepted, and the result is the reference's.
+        const CacheRows last{{0, 19}, {0, 11}};
+        reference::indexed_decode_attention(View2<const float>(qh.data(), {H, d}), ev, last, View2<double>(ref.data(), {H, d}));
+        DeviceBuffer<float> qe(qh), oe(qh.size());
+        cuda::indexed_decode_attention(View2<const float>(qe.p, {H, d}), dev, last, View2<float>(oe.p, {H, d}));
+        CHECK(nmse(oe.get(), ref) <= 1e-9);
+    }
     // A head dim beyond the CUDA path's limit.
     auto big = random_cache<float>(4, 1, 300, base_seed() + 3001);
     cuda::DeviceKvCache<float> db(big);
