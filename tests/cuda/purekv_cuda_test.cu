@@ -10,7 +10,8 @@
 // top-h of the reference's importance up to that tolerance (the test counts these). Independently of the
 // reference, the device lists must equal exactly what the host's top-k keeps on the GPU's own fp32
 // importance (the ranking itself is exact). The ST-masked prefill attention of a video layout matches the
-// reference within the bf16 NMSE of the golden files.
+// reference within the bf16 NMSE of the golden files. The checks that read no values are the CPU
+// estimator's: the same messages, case by case.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime.h>
@@ -29,6 +30,8 @@
 #include <vlsparse/cuda/purekv.cuh>
 #include <vlsparse/reference/purekv.hpp>
 #include <vlsparse/reference/purekv_golden.hpp>
+
+#include "../error_of.hpp"
 
 using namespace vlsparse;
 using Catch::Matchers::Contains;
@@ -337,6 +340,67 @@ TEST_CASE("cuda purekv: errors", "[cuda][purekv]") {
     REQUIRE_THROWS_WITH(est.select(0, View3<const bfloat16>(knd.data(), {n, Hkv, d})), Contains("v holds NaN"));
     REQUIRE_NOTHROW(est.select(0, vv));  // still usable
     REQUIRE(est.select(0, vv).lists.indptr.back() == Hkv * (n * 2 / 10));  // floor(0.2 n) per KV head, window included
+
+    // The checks that read no values are the CPU estimator's (detail::check_purekv_*): the same message
+    // case by case, the estimator's own functions named cuda:: on the GPU (a shared helper such as
+    // purekv_top_h names itself on both).
+    const auto same = [](const std::string& cuda_msg, const std::string& cpu_msg) {
+        INFO("cuda: " << cuda_msg << "\ncpu:  " << cpu_msg);
+        REQUIRE(!cpu_msg.empty());
+        CHECK(cuda_msg == (cpu_msg.starts_with("PureKVEstimator") ? "cuda::" + cpu_msg : cpu_msg));
+    };
+    const auto construct = [&](const PureKVParams& p, const Layout& l, const ModelShape& m) {
+        same(vt::error_of([&] { cuda::PureKVEstimator e(p, l, m); }),
+             vt::error_of([&] { reference::PureKVEstimator e(p, l, m); }));
+    };
+    bad = P;
+    bad.l0 = 3;
+    construct(bad, layout, shape);  // l0 beyond the layers
+    bad = P;
+    bad.window = 65;
+    construct(bad, layout, shape);  // window beyond n
+    bad = P;
+    bad.budget = PureKVBudget::count;
+    bad.top_h = 57;
+    construct(bad, layout, shape);  // budget beyond n - window
+    bad = P;
+    bad.st.kind = VideoMask::spatial_temporal;
+    bad.st_start_layer = 3;
+    construct(bad, layout, shape);
+    bad = P;
+    bad.q_block = 0;
+    construct(bad, layout, shape);  // the params' own check
+    construct(P, layout, ModelShape{3, 3, Hkv, d});  // H not a multiple of H_kv
+
+    // The per-call checks, on views of the right kind for each path (never read: they fail first).
+    cuda::PureKVEstimator ce(P, layout, shape);
+    reference::PureKVEstimator re(P, layout, shape);
+    // q [qn, heads, d], k [n, H_kv, d], v [vn, H_kv, d] (v over k's buffer).
+    const auto views = [&](const bfloat16* qp, const bfloat16* kp, std::int64_t qn, std::int64_t heads, std::int64_t vn) {
+        return std::array{View3<const bfloat16>(qp, {qn, heads, d}), View3<const bfloat16>(kp, {n, Hkv, d}),
+                          View3<const bfloat16>(kp, {vn, Hkv, d})};
+    };
+    for (const auto& [qn, qheads, vn] : {std::array<std::int64_t, 3>{n, 3, n}, std::array<std::int64_t, 3>{n - 1, H, n - 1}}) {
+        const auto c = views(qd.data(), kd.data(), qn, qheads, vn);
+        const auto r = views(q.data(), k.data(), qn, qheads, vn);
+        same(vt::error_of([&] { ce.observe(0, c[0], c[1]); }), vt::error_of([&] { re.observe(0, r[0], r[1]); }));
+        same(vt::error_of([&] { ce.select(0, c[2]); }), vt::error_of([&] { re.select(0, r[2]); }));
+        same(vt::error_of([&] { ce.attention(2, c[0], c[1], c[1], View3<bfloat16>(nullptr, {n, H, d})); }),
+             vt::error_of([&] { re.attention(2, r[0], r[1], r[1], View3<bfloat16>(nullptr, {n, H, d})); }));
+    }
+    const auto c = views(qd.data(), kd.data(), n, H, n);
+    const auto r = views(q.data(), k.data(), n, H, n);
+    same(vt::error_of([&] { ce.observe(2, c[0], c[1]); }), vt::error_of([&] { re.observe(2, r[0], r[1]); }));
+    same(vt::error_of([&] { ce.observe(-1, c[0], c[1]); }), vt::error_of([&] { re.observe(-1, r[0], r[1]); }));
+    same(vt::error_of([&] { ce.scores(2); }), vt::error_of([&] { re.scores(2); }));  // l0 = 1 not observed
+    same(vt::error_of([&] { (void)ce.needs_scores(3); }), vt::error_of([&] { (void)re.needs_scores(3); }));
+    same(vt::error_of([&] { (void)ce.masked(5); }), vt::error_of([&] { (void)re.masked(5); }));
+    PureKVParams dense = P;
+    dense.lower_layers = PureKVLowerLayers::dense;
+    cuda::PureKVEstimator cd(dense, layout, shape);
+    reference::PureKVEstimator rd(dense, layout, shape);
+    same(vt::error_of([&] { cd.scores(0); }), vt::error_of([&] { rd.scores(0); }));  // a dense lower layer has none
+    same(vt::error_of([&] { cd.observe(0, c[0], c[1]); }), vt::error_of([&] { rd.observe(0, r[0], r[1]); }));
 }
 
 TEST_CASE("cuda purekv: how many kept sets went through the tie rule", "[cuda][purekv]") {

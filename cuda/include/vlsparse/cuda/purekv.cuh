@@ -3,7 +3,8 @@
 // attention (ST-SpAttn on video layouts), carried through one prefill by a device-resident estimator.
 //
 // Same Params (PureKVParams), same equations and tie rule as reference:: / simd::PureKVEstimator
-// (vlsparse/policies/purekv_params.hpp):
+// (vlsparse/policies/purekv_params.hpp), and the same checks of what reads no values, with the same
+// messages (detail::check_purekv_*, vlsparse/policies/purekv_estimator.hpp):
 //
 //   cuda::PureKVEstimator est(params, layout, shape);       // owns its device workspace
 //   for each layer l (q, k, v: device views [n, H, d] / [n, H_kv, d]):
@@ -41,9 +42,26 @@
 #include "vlsparse/cuda/prefill.cuh"
 #include "vlsparse/cuda/selection/lists.cuh"
 #include "vlsparse/cuda/selection/probe_columns.cuh"
+#include "vlsparse/policies/purekv_estimator.hpp"
 #include "vlsparse/policies/purekv_select.hpp"
 
 namespace vlsparse::cuda {
+
+namespace detail {
+
+// A device [groups][n] fp32 array as the CPU paths' [groups][n] doubles (synchronizes the device).
+inline std::vector<std::vector<double>> purekv_groups_to_host(const float* p, std::int64_t groups, std::int64_t n,
+                                                              const char* fn) {
+    std::vector<float> h(static_cast<std::size_t>(groups * n));
+    if (!h.empty()) check_cuda(cudaMemcpy(h.data(), p, h.size() * sizeof(float), cudaMemcpyDeviceToHost), fn, "cudaMemcpy");
+    std::vector<std::vector<double>> out(static_cast<std::size_t>(groups));
+    for (std::int64_t g = 0; g < groups; ++g)
+        out[static_cast<std::size_t>(g)].assign(h.begin() + static_cast<std::ptrdiff_t>(g * n),
+                                                h.begin() + static_cast<std::ptrdiff_t>((g + 1) * n));
+    return out;
+}
+
+}  // namespace detail
 
 // Eq. 2 of one layer on the device.
 struct DevicePureKVScores {
@@ -57,14 +75,7 @@ struct DevicePureKVScores {
         r.n = n;
         r.window = window;
         r.heads_per_group = heads_per_group;
-        std::vector<float> h(static_cast<std::size_t>(groups * n));
-        if (!h.empty())
-            detail::check_cuda(cudaMemcpy(h.data(), s, h.size() * sizeof(float), cudaMemcpyDeviceToHost),
-                               "cuda::DevicePureKVScores::to_host", "cudaMemcpy");
-        r.s.assign(static_cast<std::size_t>(groups), std::vector<double>(static_cast<std::size_t>(n)));
-        for (std::int64_t g = 0; g < groups; ++g)
-            for (std::int64_t j = 0; j < n; ++j)
-                r.s[static_cast<std::size_t>(g)][static_cast<std::size_t>(j)] = h[static_cast<std::size_t>(g * n + j)];
+        r.s = detail::purekv_groups_to_host(s, groups, n, "cuda::DevicePureKVScores::to_host");
         return r;
     }
 };
@@ -91,18 +102,8 @@ struct DevicePureKVSelection {
         r.top_h = top_h;
         r.selection = lists.to_host();
         if (dense) return r;
-        auto down = [&](const float* p) {
-            std::vector<float> h(static_cast<std::size_t>(groups * n));
-            if (!h.empty())
-                detail::check_cuda(cudaMemcpy(h.data(), p, h.size() * sizeof(float), cudaMemcpyDeviceToHost), fn, "cudaMemcpy");
-            std::vector<std::vector<double>> out(static_cast<std::size_t>(groups), std::vector<double>(static_cast<std::size_t>(n)));
-            for (std::int64_t g = 0; g < groups; ++g)
-                for (std::int64_t j = 0; j < n; ++j)
-                    out[static_cast<std::size_t>(g)][static_cast<std::size_t>(j)] = h[static_cast<std::size_t>(g * n + j)];
-            return out;
-        };
-        r.v_norm = down(v_norm);
-        r.importance = down(importance);
+        r.v_norm = detail::purekv_groups_to_host(v_norm, groups, n, fn);
+        r.importance = detail::purekv_groups_to_host(importance, groups, n, fn);
         r.selection.scores = r.importance;
         return r;
     }
@@ -156,22 +157,15 @@ __global__ void purekv_importance_kernel(const TV* v, std::int64_t s0, std::int6
 // one estimator per stream. Results stay valid until the next call of the same kind.
 class PureKVEstimator {
 public:
-    // Checks what does not depend on a layer's tensors, as the CPU estimator does.
+    // Checks what does not depend on a layer's tensors with the CPU estimator's own check
+    // (detail::check_purekv_estimator, same messages), then the limits of this path's kernels.
     PureKVEstimator(const PureKVParams& P, const Layout& layout, const ModelShape& shape)
         : P_(P), layout_(layout), shape_(shape) {
         constexpr const char* fn = "cuda::PureKVEstimator";
-        ::vlsparse::detail::check_purekv_params(P, fn);
-        shape.validate(fn);
-        detail::require(P.l0 < shape.layers, fn, "l0 = ", P.l0, " is beyond the model's layers, expected 0 <= l0 < ",
-                        shape.layers);
-        detail::require(P.st.kind == VideoMask::none || P.st_start_layer < shape.layers, fn, "st_start_layer = ",
-                        P.st_start_layer, ", expected < layers = ", shape.layers,
-                        " (set st.kind = none to switch ST-SpAttn off)");
-        detail::require(layout.n() > 0, fn, "empty layout, expected at least one token");
+        ::vlsparse::detail::check_purekv_estimator(P, layout, shape, fn);
         detail::require(layout.n() <= std::numeric_limits<std::int32_t>::max() / 2, fn, "n = ", layout.n(),
                         " tokens, expected < 2^30");
         detail::require(shape.head_dim <= 256, fn, "head_dim = ", shape.head_dim, ", expected <= 256");
-        (void)purekv_top_h(layout.n(), P);
         G_ = P.grouping == PureKVGrouping::kv_head ? shape.kv_heads : 1;
         slots_.resize(static_cast<std::size_t>(P.l0 + 1));
         if (P.st.kind != VideoMask::none && purekv_masked_layer(layout, P.st_start_layer, P)) {
@@ -189,7 +183,7 @@ public:
 
     bool needs_scores(std::int64_t layer) const {
         check_layer(layer, "cuda::PureKVEstimator::needs_scores");
-        return layer == P_.l0 || (layer < P_.l0 && P_.lower_layers == PureKVLowerLayers::own_scores);
+        return ::vlsparse::detail::purekv_needs_scores(layer, P_);
     }
 
     // Eq. 2 of layer `layer` (a layer that needs_scores), kept on the device. q [n, H, d], k [n, H_kv, d]
@@ -198,9 +192,7 @@ public:
     template <ElementType TQ, ElementType TK>
     const DevicePureKVScores& observe(std::int64_t layer, View3<const TQ> q, View3<const TK> k, cudaStream_t stream = 0) {
         constexpr const char* fn = "cuda::PureKVEstimator::observe";
-        check_layer(layer, fn);
-        detail::require(needs_scores(layer), fn, "layer ", layer, " does not use its own attention scores (l0 = ", P_.l0,
-                        layer > P_.l0 ? "; higher layers reuse l0's scores, Eq. 4)" : "; lower_layers = dense)");
+        ::vlsparse::detail::check_purekv_observe(layer, P_, shape_, fn);
         check_shape(q, k, fn);
         const std::int64_t n = this->n(), w = P_.window, m = n - w, Hkv = shape_.kv_heads;
         std::vector<std::int64_t> rows(static_cast<std::size_t>(w));
@@ -238,9 +230,7 @@ public:
         constexpr const char* fn = "cuda::PureKVEstimator::select";
         check_layer(layer, fn);
         detail::require(v.data != nullptr, fn, "v is a null view");
-        detail::require(v.shape[0] == n() && v.shape[1] == shape_.kv_heads && v.shape[2] == shape_.head_dim, fn,
-                        "v has shape [", v.shape[0], ", ", v.shape[1], ", ", v.shape[2], "], expected [", n(), ", ",
-                        shape_.kv_heads, ", ", shape_.head_dim, "]");
+        ::vlsparse::detail::check_purekv_v(v, n(), shape_, fn);
         const std::int64_t n = this->n(), w = P_.window, m = n - w;
         DevicePureKVSelection& r = sel_;
         r = DevicePureKVSelection{};
@@ -330,28 +320,20 @@ private:
     static unsigned grid_for(std::int64_t total) {
         return static_cast<unsigned>(std::clamp<std::int64_t>((total + 255) / 256, 1, 4096));
     }
+    // The checks that read no values are the CPU estimator's (policies/purekv_estimator.hpp), so a bad
+    // argument gets the same message on every backend; device views are also checked for null.
     void check_layer(std::int64_t layer, const char* fn) const {
-        detail::require(layer >= 0 && layer < shape_.layers, fn, "layer = ", layer, ", expected 0 <= layer < ",
-                        shape_.layers);
+        ::vlsparse::detail::check_purekv_layer(layer, shape_, fn);
     }
     const Slot& slot_for(std::int64_t layer, const char* fn) const {
-        check_layer(layer, fn);
-        detail::require(layer >= P_.l0 || P_.lower_layers == PureKVLowerLayers::own_scores, fn, "layer ", layer,
-                        " is below l0 = ", P_.l0, " with lower_layers = dense: it has no scores");
-        const std::int64_t src = layer <= P_.l0 ? layer : P_.l0;
-        const Slot& sl = slots_[static_cast<std::size_t>(src)];
-        detail::require(sl.observed, fn, "the scores of layer ", src, " are needed for layer ", layer,
-                        " but were not observed; call observe(", src, ", q, k) first");
-        return sl;
+        const std::int64_t src = ::vlsparse::detail::purekv_score_source(
+            layer, P_, shape_, [this](std::int64_t l) { return slots_[static_cast<std::size_t>(l)].observed; }, fn);
+        return slots_[static_cast<std::size_t>(src)];
     }
     template <class TQ, class TK>
     void check_shape(const View3<const TQ>& q, const View3<const TK>& k, const char* fn) const {
         detail::require(q.data != nullptr && k.data != nullptr, fn, "q or k is a null view");
-        detail::require(q.shape[0] == n() && q.shape[1] == shape_.heads && q.shape[2] == shape_.head_dim &&
-                            k.shape[0] == n() && k.shape[1] == shape_.kv_heads && k.shape[2] == shape_.head_dim,
-                        fn, "q [", q.shape[0], ", ", q.shape[1], ", ", q.shape[2], "] and k [", k.shape[0], ", ",
-                        k.shape[1], ", ", k.shape[2], "] do not match the prompt and model (n = ", n(), ", H = ",
-                        shape_.heads, ", H_kv = ", shape_.kv_heads, ", d = ", shape_.head_dim, ")");
+        ::vlsparse::detail::check_purekv_qk(q, k, n(), shape_, fn);
     }
 
     PureKVParams P_;
