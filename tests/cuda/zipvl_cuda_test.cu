@@ -30,6 +30,7 @@
 #include <vlsparse/reference/zipvl.hpp>
 #include <vlsparse/reference/zipvl_golden.hpp>
 
+#include "../error_of.hpp"
 #include "../seed.hpp"
 
 using namespace vlsparse;
@@ -510,6 +511,19 @@ TEST_CASE("cuda zipvl: errors", "[cuda][zipvl]") {
     REQUIRE_THROWS_WITH(sel.select(qv, kv, layout, 0, bad), Contains("tau"));
     const std::vector<std::int64_t> unsorted{5, 3, 9};
     REQUIRE_THROWS_WITH(sel.select(qv, kv, layout, 0, P, 0, unsorted), Contains("probes"));
+    // The probes are chosen and checked by the CPU paths' zipvl_probes_or: the same message but for the
+    // function's name.
+    for (const std::vector<std::int64_t>& given : {unsorted, std::vector<std::int64_t>{0, 5, n}}) {
+        const auto after_name = [](const std::string& m) { return m.substr(std::min(m.find(": "), m.size())); };
+        const std::string gpu = vt::error_of([&] { sel.select(qv, kv, layout, 1, P, 0, given); });
+        const std::string cpu = vt::error_of([&] {
+            reference::zipvl_select(View3<const bfloat16>(q.data(), {n, H, d}), View3<const bfloat16>(k.data(), {n, Hkv, d}),
+                                    layout, 1, P, given);
+        });
+        INFO("cuda: " << gpu << "\ncpu:  " << cpu);
+        CHECK(!cpu.empty());
+        CHECK(after_name(gpu) == after_name(cpu));
+    }
     REQUIRE_THROWS_WITH(sel.select(qv, kv, layout, -1, P), Contains("layer"));
     // Non-finite inputs: what the selection reads (k, the probe rows of q) is checked by the loads
     // themselves, with or without check_finite.

@@ -102,7 +102,7 @@ public:
     ZipVLSelector& operator=(const ZipVLSelector&) = delete;
 
     // The selection of layer `layer`. `probes` overrides the probe choice (sorted ascending, unique, in
-    // [0, n)); empty = zipvl_probes(n, layer, params).
+    // [0, n)); empty = zipvl_probes(n, layer, params) (zipvl_probes_or, as on the CPU).
     template <ElementType TQ, ElementType TK>
     const DeviceZipVLSelection& select(View3<const TQ> q, View3<const TK> k, const Layout& layout, std::int64_t layer,
                                        const ZipVLParams& P, cudaStream_t stream = 0,
@@ -143,12 +143,8 @@ public:
             r.indptr_dev = ip;
             return r;
         }
-        if (probes.empty()) {
-            r.probes = zipvl_probes(n, layer, P);
-        } else {
-            ::vlsparse::detail::check_sorted_unique(probes, n, fn, "probes");
-            r.probes.assign(probes.begin(), probes.end());
-        }
+        // The CPU paths' one probe choice (zipvl_select.hpp): the same probes for the same params and seed.
+        r.probes = zipvl_probes_or(probes, n, layer, P, fn);
         const std::int64_t np = static_cast<std::int64_t>(r.probes.size());
         const double scale = ::vlsparse::detail::resolve_scale(P.attention(), d, fn);
         const detail::ProbeColumnsResult pc = probe_.run(q, k, std::span<const std::int64_t>(r.probes), scale, stream, fn);
