@@ -213,6 +213,78 @@ int main(int argc, char** argv) {
             const View3<bfloat16> o1v(o1.data(), {1, H, d});
             const double dec = rt.median_us([&] { cuda::batched_decode_attention(plan, q1v, cv, BatchRowLists{}, o1v, dop); }, warmup, reps);
             row("dense_decode_step", dec, 1.0, "one dense decode step of the layer, B = 1 (batched_decode_attention)");
+            // The steps as an engine runs them: the step's plan and decode (over the policy's list, writing the
+            // probabilities its update reads), alone and followed by the update; the difference is what the
+            // policy adds to a decode step. K / V of n + S rows: the prompt's, then the decode tokens'.
+            const std::int64_t S = 3 * (warmup + reps) + 16;
+            const std::size_t prompt_elems = static_cast<std::size_t>(n * Hkv * d), all_elems = static_cast<std::size_t>((n + S) * Hkv * d);
+            cuda::DeviceArray<bfloat16> kx(all_elems), vx(all_elems);
+            VLSPARSE_BENCH_CK(cudaMemset(kx.data(), 0, all_elems * sizeof(bfloat16)));
+            VLSPARSE_BENCH_CK(cudaMemset(vx.data(), 0, all_elems * sizeof(bfloat16)));
+            VLSPARSE_BENCH_CK(cudaMemcpy(kx.data(), kd.data(), prompt_elems * sizeof(bfloat16), cudaMemcpyDeviceToDevice));
+            VLSPARSE_BENCH_CK(cudaMemcpy(vx.data(), vd.data(), prompt_elems * sizeof(bfloat16), cudaMemcpyDeviceToDevice));
+            std::vector<std::int32_t> lens_x{static_cast<std::int32_t>(n + S)};
+            cuda::DeviceArray<std::int32_t> lens_xd(lens_x);
+            const KvBatchView<const bfloat16> cx = contiguous_kv_batch<const bfloat16>(kx.data(), vx.data(), 1, n + S, Hkv, d, lens_xd.data());
+            cuda::DecodePlan step_plan;
+            cuda::DeviceArray<float> step_probs(static_cast<std::size_t>(Hkv * (n + S)));
+            auto step_decode = [&](const cuda::DeviceSelection& r, bool probs) {
+                step_plan.plan({lens_x, {}, r.indptr, static_cast<std::int32_t>(r.lists())}, H, Hkv, d, probs, nullptr, DType::bf16);
+                cuda::batched_decode_attention(step_plan, q1v, cx, r.rows(), o1v, dop, nullptr, probs ? step_probs.data() : nullptr);
+            };
+            {
+                const double dec_p = rt.median_us([&] {
+                    next_step(true);
+                    step_decode(sch.positions(t, n + 1), true);
+                }, warmup, reps);
+                const double dec_r = rt.median_us([&] {
+                    next_step(true);
+                    step_decode(sch.positions(t, n + 1), true);
+                    sch.refresh(t, step_probs.data(), nullptr, false);
+                }, warmup, reps);
+                const double kept = static_cast<double>(full) / static_cast<double>(n);
+                row("avl_step_decode", dec_p, kept, "a refresh step as run: rows, plan, decode over every kept row with probabilities");
+                row("avl_step_decode_rerank", dec_r, kept, "the same step followed by the core re-rank (unchecked)");
+                std::fprintf(stderr, "n %lld A-VL re-rank in the loop: +%.1f us = %.1f%% of a dense decode step\n",
+                             static_cast<long long>(n), dec_r - dec_p, 100.0 * (dec_r - dec_p) / dec);
+                // With async_refresh the re-rank's set is read from step t + 2, so an engine can run it on a
+                // second stream beside step t + 1's decode: a refresh step and the step after it, with the
+                // re-rank on a non-blocking stream joined at the end, against the same two steps without it.
+                AvlParams PA = P;
+                PA.async_refresh = true;
+                cuda::AvlDecodeSchedule sa;
+                sa.reset(avl.select(qv, kv, layout, PA), PA);
+                cudaStream_t side = nullptr;
+                cudaEvent_t probs_ready = nullptr, ranked = nullptr;
+                VLSPARSE_BENCH_CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+                VLSPARSE_BENCH_CK(cudaEventCreateWithFlags(&probs_ready, cudaEventDisableTiming));
+                VLSPARSE_BENCH_CK(cudaEventCreateWithFlags(&ranked, cudaEventDisableTiming));
+                std::int64_t ta = -1;
+                auto two_steps = [&](bool rerank) {
+                    do ++ta;
+                    while (!sa.is_refresh(ta));
+                    sa.begin_step(ta);
+                    step_decode(sa.positions(ta, n + 1), true);
+                    if (rerank) {
+                        VLSPARSE_BENCH_CK(cudaEventRecord(probs_ready, nullptr));
+                        VLSPARSE_BENCH_CK(cudaStreamWaitEvent(side, probs_ready, 0));
+                        sa.refresh(ta, step_probs.data(), side, false);
+                        VLSPARSE_BENCH_CK(cudaEventRecord(ranked, side));
+                    }
+                    sa.begin_step(++ta);
+                    step_decode(sa.positions(ta, n + 1), false);
+                    if (rerank) VLSPARSE_BENCH_CK(cudaStreamWaitEvent(nullptr, ranked, 0));
+                };
+                const double two = rt.median_us([&] { two_steps(false); }, warmup, reps);
+                const double two_r = rt.median_us([&] { two_steps(true); }, warmup, reps);
+                row("avl_two_steps", two, kept, "a refresh step and the next step (plan, rows, decode; async_refresh)");
+                row("avl_two_steps_rerank_side", two_r, kept, "the same with the re-rank on a second stream beside the next step");
+                std::fprintf(stderr, "n %lld A-VL re-rank on a second stream: +%.1f us = %.1f%% of a dense decode step\n",
+                             static_cast<long long>(n), two_r - two, 100.0 * (two_r - two) / dec);
+                VLSPARSE_BENCH_CK(cudaEventDestroy(probs_ready));
+                VLSPARSE_BENCH_CK(cudaEventDestroy(ranked));
+                VLSPARSE_BENCH_CK(cudaStreamDestroy(side));
+            }
             // H2O's decode-time update (cuda::H2ODecode::observe: a_j += the step's attention, one eviction
             // per KV head, the next token appended; no synchronization) on heavy 10% + recent 10% lists.
             {
@@ -220,14 +292,25 @@ int main(int argc, char** argv) {
                 HP.heavy = TokenBudget::ratio(0.1);
                 HP.recent = TokenBudget::ratio(0.1);
                 cuda::H2ODecode h2o;
-                const std::int64_t steps = warmup + reps + 4;
-                h2o.reset(scorer.h2o_device_select(qv, kv, HP), HP, H, steps);
+                h2o.reset(scorer.h2o_device_select(qv, kv, HP), HP, H, S - 2);
                 std::vector<float> hp(static_cast<std::size_t>(h2o.rows().indptr.back()));
                 for (auto& x : hp) x = static_cast<float>(rng.uniform() / static_cast<double>(hp.size()));
                 cuda::DeviceArray<float> hpd(hp);
                 const double upd = rt.median_us([&] { h2o.observe(hpd.data()); }, warmup, reps);
-                row("h2o_decode_update", upd, static_cast<double>(h2o.rows().indptr.back()) / static_cast<double>(Hkv * n),
+                const double kept = static_cast<double>(h2o.rows().indptr.back()) / static_cast<double>(Hkv * n);
+                row("h2o_decode_update", upd, kept,
                     "H2O's update after a decode step (scores + eviction + append, no sync), heavy 10% recent 10% per KV head");
+                const double dec_np = rt.median_us([&] { step_decode(h2o.rows(), false); }, warmup, reps);
+                const double dec_p = rt.median_us([&] { step_decode(h2o.rows(), true); }, warmup, reps);
+                const double dec_u = rt.median_us([&] {
+                    step_decode(h2o.rows(), true);
+                    h2o.observe(step_probs.data());
+                }, warmup, reps);
+                row("h2o_step_decode_noprobs", dec_np, kept, "an H2O step's plan and decode over its lists, no probabilities");
+                row("h2o_step_decode", dec_p, kept, "the same with the probabilities the update reads");
+                row("h2o_step_decode_update", dec_u, kept, "the same followed by the update (observe)");
+                std::fprintf(stderr, "n %lld H2O update in the loop: +%.1f us = %.1f%% of a dense decode step (probabilities +%.1f us)\n",
+                             static_cast<long long>(n), dec_u - dec_p, 100.0 * (dec_u - dec_p) / dec, dec_p - dec_np);
             }
         }
         if (want("lists")) {

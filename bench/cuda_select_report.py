@@ -98,6 +98,23 @@ def main(argv=None):
                 verdicts.append(f"- {p}, n = {n // 1024}K: {x / ds * 100:.1f}% of a dense decode step (target <= 10%): "
                                 f"{'met' if x / ds <= 0.10 else 'MISSED'}")
             lines3.append(f"| {p} | " + " | ".join(cells) + " |")
+        # What each policy adds to a decode step as an engine runs it: the step's plan and decode, with and
+        # without the policy's work, in the same run (differences of medians).
+        diffs = [("A-VL re-rank, same stream (+ to a refresh step)", "avl_step_decode_rerank", "avl_step_decode"),
+                 ("A-VL re-rank on a second stream (async_refresh)", "avl_two_steps_rerank_side", "avl_two_steps"),
+                 ("H2O update (+ to a step with probabilities)", "h2o_step_decode_update", "h2o_step_decode"),
+                 ("H2O probabilities + update (+ to a plain step)", "h2o_step_decode_update", "h2o_step_decode_noprobs")]
+        for label, with_, without in diffs:
+            cells = []
+            for n in ns:
+                x, y, ds = t.get((with_, n)), t.get((without, n)), t.get(("dense_decode_step", n))
+                if x is None or y is None or not ds:
+                    cells.append("-")
+                    continue
+                cells.append(f"{x - y:+.1f} us ({(x - y) / ds * 100:.1f}%)")
+                verdicts.append(f"- {label}, n = {n // 1024}K: {(x - y) / ds * 100:.1f}% of a dense decode step "
+                                f"(target <= 10%): {'met' if (x - y) / ds <= 0.10 else 'MISSED'}")
+            lines3.append(f"| {label} | " + " | ".join(cells) + " |")
         lines += lines3
     text = "\n".join(lines + [""] + verdicts) + "\n"
     if a.out == "-":
