@@ -334,6 +334,10 @@ __device__ void pick_bin(RadixShared& sh, double target, unsigned k, int shift) 
         if (lane == 0) sh.found = 0;  // (count: cannot happen for 1 <= k <= matching count)
         return;
     }
+    // Every lane read above_cnt / above_mass before one lane rewrites them below: the ballot orders
+    // the lanes but, unlike __syncwarp, is not a memory barrier (compute-sanitizer's racecheck reported
+    // the pair as a hazard).
+    __syncwarp();
     if (lane == __ffs(hit) - 1) {
         unsigned cum_c = above_c + ci - c;
         unsigned long long cum_m = above_m + mi - m;
