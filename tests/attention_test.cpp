@@ -2,7 +2,7 @@
 // on fresh seeded random inputs, over shapes, GQA ratios, dtypes and strides; ties; overflow; bad
 // input. Metric: NMSE for attention outputs, error relative to the row's largest probability for
 // probe probabilities, exact zeros where the reference writes exact zeros. Tolerances from
-// vt::kFastVsReference; a test at the end shows the metric rejects a masked, mis-mapped or short
+// vt::kSimdVsReference; a test at the end shows the metric rejects a masked, mis-mapped or short
 // computation.
 #include <catch2/catch.hpp>
 
@@ -32,8 +32,8 @@ using vlsparse::detail::scalar_arch;
 
 namespace {
 
-const double kNmse = vt::kFastVsReference.attention_nmse;
-const double kRel = vt::kFastVsReference.score_rel;
+const double kNmse = vt::kSimdVsReference.attention_nmse;
+const double kRel = vt::kSimdVsReference.score_rel;
 
 // ---------------------------------------------------------------------------------------------
 // Strided tensors with poisoned padding

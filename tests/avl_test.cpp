@@ -240,7 +240,7 @@ TEST_CASE("avl: full decode trace, simd against reference, GQA 1/2/4/8", "[avl][
             REQUIRE(s.core == r.core);
             REQUIRE(s.read == r.read);
             REQUIRE(s.refresh == r.refresh);
-            REQUIRE(vt::nmse(s.out, r.out) <= vt::kFastVsReference.attention_nmse);
+            REQUIRE(vt::nmse(s.out, r.out) <= vt::kSimdVsReference.attention_nmse);
             // Non-refresh steps read exactly core + kept non-image + decode tokens.
             for (std::int64_t t = 0; t < steps; ++t) {
                 REQUIRE(static_cast<bool>(r.refresh[static_cast<std::size_t>(t)]) == (t % 3 == 0));

@@ -56,7 +56,7 @@ void check_scores(const std::vector<std::vector<double>>& s, const std::vector<s
         const double scale = baselines_max_abs(r[g]);
         for (std::size_t j = 0; j < r[g].size(); ++j) {
             INFO("group " << g << " score[" << j << "] simd " << s[g][j] << " reference " << r[g][j]);
-            REQUIRE(std::abs(s[g][j] - r[g][j]) <= vt::kFastVsReference.score_rel * scale);
+            REQUIRE(std::abs(s[g][j] - r[g][j]) <= vt::kSimdVsReference.score_rel * scale);
         }
     }
 }
@@ -72,7 +72,7 @@ void check_selection(const TokenSelection& s, const TokenSelection& r) {
         if (s.indices[g] == r.indices[g]) continue;
         REQUIRE(r.scores.size() == r.groups());
         const auto& sc = r.scores[g];
-        const double tol = vt::kFastVsReference.score_rel * baselines_max_abs(sc);
+        const double tol = vt::kSimdVsReference.score_rel * baselines_max_abs(sc);
         std::vector<std::int64_t> only_s, only_r;
         std::set_difference(s.indices[g].begin(), s.indices[g].end(), r.indices[g].begin(), r.indices[g].end(), std::back_inserter(only_s));
         std::set_difference(r.indices[g].begin(), r.indices[g].end(), s.indices[g].begin(), s.indices[g].end(), std::back_inserter(only_r));

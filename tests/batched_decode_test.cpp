@@ -259,13 +259,12 @@ double max_of(const std::vector<double>& x) {
 }
 
 // Output tolerances of the SIMD path against the reference, by output element type: the fp32
-// accumulation bar of the table in test_util.hpp, plus the rounding of the output type (unit
-// roundoff u: NMSE <= u^2).
+// accumulation bar plus the rounding of the output type (test_core.hpp's table).
 template <class TO>
 double out_nmse_tol() {
-    if constexpr (std::is_same_v<TO, half>) return 2.5e-7;   // u = 2^-11
-    else if constexpr (std::is_same_v<TO, bfloat16>) return 1.6e-5;  // u = 2^-8
-    else return vt::kFastVsReference.attention_nmse;
+    if constexpr (std::is_same_v<TO, half> || std::is_same_v<TO, bfloat16>)
+        return vt::tolerance<TO>(vt::TestBackend::simd, vt::Metric::rounded_output_nmse);
+    else return vt::kSimdVsReference.attention_nmse;  // fp32 / double outputs
 }
 
 // The SIMD path (native and scalar instruction sets, default and tiny chunks, with and without
@@ -286,7 +285,7 @@ void compare_simd(const Case<T>& c, const Storage<T>& s, const std::string& what
         simd::batched_decode_attention(c.qv(), s.view, c.lists(), c.meta(), View3<TO>(o_s2.data(), {tq, H, d}),
                                        std::span<float>(p_s));
         REQUIRE(identical(o_s2, o_s));  // the probabilities do not change the output
-        REQUIRE(vt::max_abs_diff(p_s, p_r) <= vt::kFastVsReference.score_rel * max_of(p_r));
+        REQUIRE(vt::max_abs_diff(p_s, p_r) <= vt::kSimdVsReference.score_rel * max_of(p_r));
         std::vector<double> p_d(p_s.size());
         simd::batched_decode_attention(c.qv(), s.view, c.lists(), c.meta(), View3<TO>(o_s2.data(), {tq, H, d}),
                                        std::span<double>(p_d));
@@ -311,7 +310,7 @@ void compare_simd(const Case<T>& c, const Storage<T>& s, const std::string& what
             const double readers = static_cast<double>(c.lists_per_seq == 1 ? H : H / c.Hkv);
             double worst = 0.0;
             for (std::size_t e = 0; e < acc.size(); ++e) worst = std::max(worst, std::abs(acc[e] / readers - p_r[e]));
-            REQUIRE(worst <= vt::kFastVsReference.score_rel * max_of(p_r));
+            REQUIRE(worst <= vt::kSimdVsReference.score_rel * max_of(p_r));
         }
     }
 }
@@ -464,7 +463,7 @@ TEST_CASE("batched decode: q_len 1..8 over dense lists is dense causal attention
         std::vector<float> s(o.size());
         const auto st = lay_out(c, kind, 4, seed + 1);
         simd::batched_decode_attention(c.qv(), st.view, c.lists(), c.meta(), View3<float>(s.data(), {c.total_q(), H, d}));
-        REQUIRE(vt::nmse(s, o) <= vt::kFastVsReference.attention_nmse);
+        REQUIRE(vt::nmse(s, o) <= vt::kSimdVsReference.attention_nmse);
     }
 }
 
@@ -499,7 +498,7 @@ TEST_CASE("batched decode: paged caches equal the contiguous cache on identical 
         REQUIRE(run_reference(c, st) == o_c);
         std::vector<float> s(o_c.size());
         simd::batched_decode_attention(c.qv(), st.view, c.lists(), c.meta(), View3<float>(s.data(), {c.total_q(), H, d}));
-        REQUIRE(vt::nmse(s, o_c) <= vt::kFastVsReference.attention_nmse);
+        REQUIRE(vt::nmse(s, o_c) <= vt::kSimdVsReference.attention_nmse);
     }
 }
 
@@ -579,8 +578,8 @@ TEST_CASE("batched decode: simd outputs in every element type, strided q, fp32 o
     simd::batched_decode_attention(big.qv(), sb.view, big.lists(), big.meta(), View3<float>(o_s.data(), {tq, H, d}),
                                    std::span<float>(p_s));
     REQUIRE(std::all_of(o_s.begin(), o_s.end(), [](float x) { return std::isfinite(x); }));
-    REQUIRE(vt::nmse(o_s, o_r) <= vt::kFastVsReference.attention_nmse);
-    REQUIRE(vt::max_abs_diff(p_s, p_r) <= vt::kFastVsReference.score_rel * max_of(p_r));
+    REQUIRE(vt::nmse(o_s, o_r) <= vt::kSimdVsReference.attention_nmse);
+    REQUIRE(vt::max_abs_diff(p_s, p_r) <= vt::kSimdVsReference.score_rel * max_of(p_r));
 }
 
 TEST_CASE("batched decode: bad input is a clear error in both paths", "[batched][errors]") {

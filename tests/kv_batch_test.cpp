@@ -17,7 +17,7 @@
 #include <vlsparse/kv/kv_batch.hpp>
 #include <vlsparse/reference/kv_batch.hpp>
 #include "error_of.hpp"
-#include "seed.hpp"
+#include "test_core.hpp"
 
 using namespace vlsparse;
 using Catch::Matchers::Contains;

@@ -132,7 +132,7 @@ double purekv_max_abs(const std::vector<double>& v) {
     return m;
 }
 
-// Fast path against the reference: scores, norms and importance within the score tolerance; kept sets
+// SIMD path against the reference: scores, norms and importance within the score tolerance; kept sets
 // equal except at genuine near-ties of the reference's cutoff.
 void check_selection_matches(const PureKVSelection& s, const PureKVSelection& r) {
     REQUIRE(s.dense == r.dense);
@@ -145,7 +145,7 @@ void check_selection_matches(const PureKVSelection& s, const PureKVSelection& r)
         REQUIRE(s.selection.indices == r.selection.indices);
         return;
     }
-    const double tol = vt::kFastVsReference.score_rel;
+    const double tol = vt::kSimdVsReference.score_rel;
     for (std::int64_t g = 0; g < r.groups(); ++g) {
         INFO("group " << g);
         const auto G = static_cast<std::size_t>(g);
@@ -186,7 +186,7 @@ void check_scores_match(const PureKVScores& s, const PureKVScores& r) {
         const double scale = purekv_max_abs(b);
         for (std::size_t j = 0; j < b.size(); ++j) {
             INFO("group " << g << " s[" << j << "]");
-            REQUIRE(std::abs(a[j] - b[j]) <= vt::kFastVsReference.score_rel * scale);
+            REQUIRE(std::abs(a[j] - b[j]) <= vt::kSimdVsReference.score_rel * scale);
             if (static_cast<std::int64_t>(j) >= r.n - r.window) REQUIRE(b[j] == 0.0);  // the window holds no score
         }
     }
@@ -353,7 +353,7 @@ TEST_CASE("purekv: masked attention with video masks, SIMD vs reference vs the e
                 reference::purekv_st_attention(in.qv(), in.kv(), in.vv(), L, View3<float>(orf.data(), {n, sh.H, sh.d}), P);
                 const auto oracle = purekv_attention_over_mask(in, expand_mask(purekv_mask_context(L, P), MaskTemplate::dense));
                 REQUIRE(vt::nmse(orf, oracle) <= 1e-12);
-                REQUIRE(vt::nmse(os, orf) <= vt::kFastVsReference.attention_nmse);
+                REQUIRE(vt::nmse(os, orf) <= vt::kSimdVsReference.attention_nmse);
             };
             run(float{});
             run(bfloat16{});
@@ -398,7 +398,7 @@ TEST_CASE("purekv: simd matches reference over shapes, dtypes, GQA ratios, group
                     REQUIRE(r.source_layer == 3);
                     REQUIRE(r.top_h == purekv_top_h(c.n, P));
                     check_selection_matches(s, r);
-                    // The whole fast path (its own scores) agrees too.
+                    // The whole SIMD path (its own scores) agrees too.
                     check_selection_matches(simd::purekv_select(ss, in.vv(), 5, P), r);
                 };
                 run(float{});
@@ -614,7 +614,7 @@ TEST_CASE("purekv: the estimator layer by layer, SIMD vs reference, against the 
             std::vector<float> os(static_cast<std::size_t>(n * H * d)), orf(os.size()), od(os.size());
             es.attention(l, in.qv(), in.kv(), in.vv(), View3<float>(os.data(), {n, H, d}));
             er.attention(l, in.qv(), in.kv(), in.vv(), View3<float>(orf.data(), {n, H, d}));
-            REQUIRE(vt::nmse(os, orf) <= vt::kFastVsReference.attention_nmse);
+            REQUIRE(vt::nmse(os, orf) <= vt::kSimdVsReference.attention_nmse);
             reference::dense_attention(in.qv(), in.kv(), in.vv(), View3<float>(od.data(), {n, H, d}));
             if (l < P.st_start_layer) REQUIRE(vt::nmse(orf, od) <= 1e-12);
             else REQUIRE(vt::nmse(orf, od) > 1e-6);  // the ST mask changes video rows

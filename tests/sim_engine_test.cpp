@@ -605,7 +605,7 @@ TEST_CASE("sim engine: token-sparse, sequence and eviction decisions through Any
 
     // A token-sparse prefill over every row is dense attention (another code path): tiny NMSE.
     CHECK(all.layers[0].prefill_kind == "token-sparse");
-    CHECK(all.prefill_nmse() < vt::kFastVsReference.attention_nmse);
+    CHECK(all.prefill_nmse() < vt::kSimdVsReference.attention_nmse);
     CHECK(all.kept_ratio() == 1.0);
 
     // Even positions: the kept ratio, the pair count |T|(|T|+1)/2 per head, and a real error.

@@ -1,4 +1,5 @@
-// Shared test helpers: seeded random tensors, metrics, and the one tolerance table.
+// Shared CPU test helpers: seeded random tensors and inputs over the library (the seed, the metrics and
+// the tolerance table are test_core.hpp's, which nvcc includes too).
 #pragma once
 
 #include <algorithm>
@@ -12,7 +13,7 @@
 
 #include <vlsparse/vlsparse.hpp>
 
-#include "seed.hpp"
+#include "test_core.hpp"
 
 namespace vt {
 
@@ -49,38 +50,6 @@ inline std::vector<std::int64_t> random_subset(std::int64_t n, std::int64_t m, s
     std::sort(all.begin(), all.end());
     return all;
 }
-
-// Normalized mean squared error ||a - b||^2 / ||b||^2 (b the reference); 0 when both are zero.
-template <class A, class B>
-double nmse(const std::vector<A>& a, const std::vector<B>& b) {
-    double num = 0.0, den = 0.0;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-        const double x = static_cast<double>(vlsparse::detail::load(a[i]));
-        const double y = static_cast<double>(vlsparse::detail::load(b[i]));
-        num += (x - y) * (x - y);
-        den += y * y;
-    }
-    if (den == 0.0) return num == 0.0 ? 0.0 : INFINITY;
-    return num / den;
-}
-
-template <class A, class B>
-double max_abs_diff(const std::vector<A>& a, const std::vector<B>& b) {
-    double m = 0.0;
-    for (std::size_t i = 0; i < a.size(); ++i)
-        m = std::max(m, std::abs(static_cast<double>(vlsparse::detail::load(a[i])) -
-                                 static_cast<double>(vlsparse::detail::load(b[i]))));
-    return m;
-}
-
-// The tolerance table: fast path (fp32 accumulation) against the reference (double accumulation).
-// Inputs are exactly representable in their dtype (both paths read the same values), so the gap
-// is accumulation error only and does not depend on the input dtype.
-struct Tol {
-    double attention_nmse;  // attention outputs
-    double score_rel;       // accumulated / normalized scores, probabilities (relative to the largest)
-};
-inline constexpr Tol kFastVsReference{1e-9, 1e-5};
 
 }  // namespace vt
 

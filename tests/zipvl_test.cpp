@@ -47,7 +47,7 @@ double max_abs(const std::vector<double>& v) {
     return m;
 }
 
-// The fast path may differ from the reference only where the reference itself is within rounding
+// The SIMD path may differ from the reference only where the reference itself is within rounding
 // of a decision boundary: p may differ only if the reference's running sum at the other count is
 // within `tol` of tau * M, and kept sets may differ only in positions whose normalized score is
 // within `tol` of the cutoff score.
@@ -56,7 +56,7 @@ void check_selection_matches(const ZipVLSelection& s, const ZipVLSelection& r, c
     REQUIRE(s.probes == r.probes);
     REQUIRE(s.groups() == r.groups());
     REQUIRE(s.heads_per_group == r.heads_per_group);
-    const double tol = vt::kFastVsReference.score_rel;
+    const double tol = vt::kSimdVsReference.score_rel;
     for (std::int64_t g = 0; g < r.groups(); ++g) {
         INFO("group " << g);
         const auto& ar = r.accumulated[g];
@@ -119,7 +119,7 @@ void run_case(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::int64_t d, 
     std::vector<float> out_s(static_cast<std::size_t>(n * H * d)), out_r(out_s.size());
     reference::zipvl_prefill(in.qv(), in.kv(), in.vv(), r, View3<float>(out_r.data(), {n, H, d}), P);
     simd::zipvl_prefill(in.qv(), in.kv(), in.vv(), r, View3<float>(out_s.data(), {n, H, d}), P);
-    REQUIRE(vt::nmse(out_s, out_r) <= vt::kFastVsReference.attention_nmse);
+    REQUIRE(vt::nmse(out_s, out_r) <= vt::kSimdVsReference.attention_nmse);
 }
 
 }  // namespace
@@ -368,7 +368,7 @@ TEST_CASE("zipvl: eviction keeps positions and decode matches the reference", "[
         std::vector<float> os(H * d), orf(H * d);
         simd::decode_attention(View2<const float>(qn.data(), {H, d}), cache, View2<float>(os.data(), {H, d}));
         reference::decode_attention(View2<const float>(qn.data(), {H, d}), cache, View2<float>(orf.data(), {H, d}));
-        REQUIRE(vt::nmse(os, orf) <= vt::kFastVsReference.attention_nmse);
+        REQUIRE(vt::nmse(os, orf) <= vt::kSimdVsReference.attention_nmse);
     }
 }
 
@@ -419,7 +419,7 @@ TEST_CASE("zipvl: bad input is a clear error in both paths", "[zipvl][errors]") 
     REQUIRE_THROWS_WITH(simd::zipvl_select(View3<const float>(in.q.data(), {0, H, d}),
                                            View3<const float>(in.k.data(), {0, Hkv, d}), layout, 0, ZipVLParams{}),
                         Contains("empty input"));
-    // NaN / Inf in the inputs: always an error in the reference, in the fast path when validating.
+    // NaN / Inf in the inputs: always an error in the reference, in the SIMD path when validating.
     auto q_bad = in.q;
     q_bad[5 * H * d + 3] = std::numeric_limits<float>::quiet_NaN();
     const View3<const float> qb(q_bad.data(), {n, H, d});
@@ -430,9 +430,9 @@ TEST_CASE("zipvl: bad input is a clear error in both paths", "[zipvl][errors]") 
     REQUIRE_THROWS_WITH(simd::zipvl_select(in.qv(), View3<const float>(k_bad.data(), {n, Hkv, d}), layout, 0,
                                            ZipVLParams{}),
                         Contains("expected finite"));
-    // Without validation the fast path does not scan, but a NaN that reaches the scores is still
+    // Without validation the SIMD path does not scan, but a NaN that reaches the scores is still
     // rejected by the ranking step (n = 32 < 128 probes: every row is a probe, so it does reach them).
-    ZipVLParams fast;
-    fast.check_finite = false;
-    REQUIRE_THROWS_WITH(simd::zipvl_select(qb, in.kv(), layout, 0, fast), Contains("finite"));
+    ZipVLParams unchecked;
+    unchecked.check_finite = false;
+    REQUIRE_THROWS_WITH(simd::zipvl_select(qb, in.kv(), layout, 0, unchecked), Contains("finite"));
 }

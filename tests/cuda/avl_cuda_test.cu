@@ -24,14 +24,15 @@
 #include <vlsparse/reference/avl.hpp>
 #include <vlsparse/reference/avl_golden.hpp>
 
-#include "../seed.hpp"
+#include "../test_core.hpp"
 
 using namespace vlsparse;
 using Catch::Matchers::Contains;
 
 namespace {
 
-constexpr double kTol = 1e-4;
+// Relative, scores (fp32 on the GPU).
+constexpr double kTol = vt::tolerance(vt::TestBackend::cuda, vt::Metric::score_rel);
 
 template <class T>
 std::vector<T> random_values(std::size_t count, double spread, SplitMix64& rng) {

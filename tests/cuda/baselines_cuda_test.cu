@@ -20,12 +20,15 @@
 #include <vlsparse/reference/baselines.hpp>
 #include <vlsparse/reference/baselines_golden.hpp>
 
+#include "../test_core.hpp"
+
 using namespace vlsparse;
 using Catch::Matchers::Contains;
 
 namespace {
 
-constexpr double kTol = 1e-4;
+// Relative, scores (fp32 on the GPU).
+constexpr double kTol = vt::tolerance(vt::TestBackend::cuda, vt::Metric::score_rel);
 
 void check_close(const std::vector<double>& got, const std::vector<double>& want, const char* what) {
     REQUIRE(got.size() == want.size());

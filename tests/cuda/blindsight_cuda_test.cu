@@ -27,7 +27,7 @@
 #include <vlsparse/reference/blindsight.hpp>
 #include <vlsparse/reference/blindsight_golden.hpp>
 
-#include "../seed.hpp"
+#include "../test_core.hpp"
 
 using namespace vlsparse;
 using Catch::Matchers::Contains;
@@ -39,8 +39,8 @@ int g_near_alpha = 0;
 template <class T>
 double output_bar(cuda::PrefillKernel kernel, std::int64_t d) {
     const bool tensor_cores = !std::is_same_v<T, float> && (d == 64 || d == 128) && kernel != cuda::PrefillKernel::simt;
-    if (!tensor_cores) return 1e-10;
-    return std::is_same_v<T, bfloat16> ? 1e-4 : 1e-6;
+    if (!tensor_cores) return vt::tolerance(vt::TestBackend::cuda, DType::f32, vt::Metric::prefill_nmse);  // fp32 arithmetic
+    return vt::tolerance<T>(vt::TestBackend::cuda, vt::Metric::prefill_nmse);
 }
 
 // Compares the GPU's characterization with the reference's under the bar above.

@@ -24,7 +24,7 @@
 #include <vlsparse/cuda/decode.cuh>
 #include <vlsparse/cuda/h2o_decode.cuh>
 
-#include "../seed.hpp"
+#include "../test_core.hpp"
 
 using namespace vlsparse;
 using Catch::Matchers::Contains;

@@ -23,7 +23,7 @@
 #include <vector>
 #include <vlsparse/core/rng.hpp>
 
-#include "../seed.hpp"
+#include "../test_core.hpp"
 #include <vlsparse/cuda/kv_cache.cuh>
 #include <vlsparse/kv/kv_batch.hpp>
 #include <vlsparse/reference/kv_batch.hpp>

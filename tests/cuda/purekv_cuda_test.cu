@@ -32,13 +32,15 @@
 #include <vlsparse/reference/purekv_golden.hpp>
 
 #include "../error_of.hpp"
+#include "../test_core.hpp"
 
 using namespace vlsparse;
 using Catch::Matchers::Contains;
 
 namespace {
 
-constexpr double kScoreTol = 1e-4, kNormTol = 1e-5;
+constexpr double kScoreTol = vt::tolerance(vt::TestBackend::cuda, vt::Metric::score_rel),
+                 kNormTol = vt::tolerance(vt::TestBackend::cuda, vt::Metric::norm_rel);
 
 int& near_ties() {
     static int c = 0;

@@ -31,7 +31,7 @@
 #include <vlsparse/reference/zipvl_golden.hpp>
 
 #include "../error_of.hpp"
-#include "../seed.hpp"
+#include "../test_core.hpp"
 
 using namespace vlsparse;
 using Catch::Matchers::Contains;
@@ -48,8 +48,9 @@ Tally& tally() {
     return t;
 }
 
-constexpr double kScoreTol = 1e-4;  // relative, scores (fp32 on the GPU)
-constexpr double kMassTol = 1e-5;   // relative, Eq. 7's cumulative mass against its target
+// Relative: the scores (fp32 on the GPU); Eq. 7's cumulative mass against its target.
+constexpr double kScoreTol = vt::tolerance(vt::TestBackend::cuda, vt::Metric::score_rel);
+constexpr double kMassTol = vt::tolerance(vt::TestBackend::cuda, vt::Metric::mass_rel);
 
 // Checks one group's GPU result (p, kept list, scores) against the reference's selection.
 void check_group(const ZipVLSelection& ref, const cuda::DeviceZipVLSelection& gpu, const TokenSelection& got,
