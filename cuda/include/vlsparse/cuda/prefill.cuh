@@ -112,17 +112,6 @@ __global__ void prefill_check_lists_kernel(const std::int32_t* indptr, const std
     }
 }
 
-template <class T>
-std::size_t prefill_span_bytes(const View3<T>& v) {
-    std::int64_t last = 0;
-    for (int i = 0; i < 3; ++i) last += (v.shape[i] - 1) * v.stride[i];
-    return static_cast<std::size_t>(last + 1) * sizeof(T);
-}
-inline bool prefill_overlaps(const void* a, std::size_t na, const void* b, std::size_t nb) {
-    const auto pa = reinterpret_cast<std::uintptr_t>(a), pb = reinterpret_cast<std::uintptr_t>(b);
-    return pa < pb + nb && pb < pa + na;
-}
-
 // Host checks shared by the front ends; fills the kernel arguments' tensor fields.
 // Whether a launch runs on the tensor cores (else the CUDA-core kernel).
 template <class T>
@@ -136,20 +125,16 @@ void prefill_common(View3<const T> q, View3<const T> k, View3<const T> v, View3<
     using ::vlsparse::detail::require;
     static_assert(ElementType<T>, "the GPU prefill takes fp32, bf16 or fp16 q, k, v");
     const std::int64_t nq = q.shape[0], H = q.shape[1], d = q.shape[2], nk = k.shape[0], Hkv = k.shape[1];
-    require(nq >= 1 && H >= 1 && d >= 1, fn, "q has shape [", nq, ", ", H, ", ", d, "], expected non-empty [n_q, H, d]");
-    require(k.shape == v.shape, fn, "k has shape [", nk, ", ", Hkv, ", ", k.shape[2], "] and v [", v.shape[0], ", ",
-            v.shape[1], ", ", v.shape[2], "], expected equal");
-    require(k.shape[2] == d, fn, "k has head_dim ", k.shape[2], ", q has ", d, "; expected equal");
-    require(Hkv >= 1 && H % Hkv == 0, fn, "H = ", H, " query heads is not a multiple of H_kv = ", Hkv);
+    // The checks of every backend first (shapes, strides, null data, GQA; then out's shape, strides and
+    // aliasing), then what only the GPU kernels ask for.
+    ::vlsparse::detail::check_qkv(q, k, v, fn);
+    ::vlsparse::detail::check_out3(out, {nq, H, d}, q, k, v, fn, "out");
     require(nq <= nk, fn, "q has ", nq, " tokens and k has ", nk, ", expected n_q <= n_k");
     require(nk <= (std::int64_t{1} << 30), fn, "k has ", nk, " tokens, at most 2^30 are supported");
     require(d <= kPrefillSimtMaxDim, fn, "head_dim = ", d, "; the GPU prefill takes head dims up to ", kPrefillSimtMaxDim,
             " (64 and 128 on the tensor cores)");
     require(opt.kernel == PrefillKernel::automatic || opt.kernel == PrefillKernel::mma_sync || opt.kernel == PrefillKernel::simt,
             fn, "opt.kernel has value ", static_cast<int>(opt.kernel), ", expected automatic, mma_sync or simt");
-    require(out.shape[0] == nq && out.shape[1] == H && out.shape[2] == d, fn, "out has shape [", out.shape[0], ", ",
-            out.shape[1], ", ", out.shape[2], "], expected [", nq, ", ", H, ", ", d, "]");
-    require(q.data && k.data && v.data && out.data, fn, "q, k, v and out must be device pointers, got null");
     require(q.stride[2] == 1 && k.stride[2] == 1 && v.stride[2] == 1, fn, "q, k and v need unit inner stride, got ",
             q.stride[2], ", ", k.stride[2], ", ", v.stride[2]);
     auto rows_ok = [](const auto& x) {
@@ -158,11 +143,6 @@ void prefill_common(View3<const T> q, View3<const T> k, View3<const T> v, View3<
     require(!prefill_on_tensor_cores<T>(d, opt) || (rows_ok(q) && rows_ok(k) && rows_ok(v)), fn,
             "q, k and v need row and head strides that are multiples of 8 elements and a 16-byte aligned base "
             "(the tensor cores read 16-byte chunks; PrefillKernel::simt takes any)");
-    const std::size_t ob = prefill_span_bytes(out);
-    require(!prefill_overlaps(out.data, ob, q.data, prefill_span_bytes(q)) &&
-                !prefill_overlaps(out.data, ob, k.data, prefill_span_bytes(k)) &&
-                !prefill_overlaps(out.data, ob, v.data, prefill_span_bytes(v)),
-            fn, "output out aliases an input; expected separate buffers");
     const float scale = ::vlsparse::detail::resolve_scale(AttentionOptions{opt.scale, false}, d, fn);
     a.q = q.data;
     a.k = k.data;
