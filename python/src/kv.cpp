@@ -12,6 +12,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kv_cache.hpp"
@@ -30,38 +31,24 @@ namespace {
 
 using namespace pybind11::literals;
 
-// ---- decode over a cache, one struct per backend ----------------------------------------------
+// ---- decode over a cache, on a backend's DecodeOps -------------------------------------------
 
-struct RefDecode {
-    template <class T>
-    static void decode(View2<const T> q, const KvCache<T>& c, View2<float> o, const AttentionOptions& opt) {
-        reference::decode_attention(q, c, o, opt);
-    }
-    template <class T>
-    static void indexed(View2<const T> q, const KvCache<T>& c, const CacheRows& rows, View2<float> o, double* probs,
-                        std::int64_t L, const AttentionOptions& opt) {
-        if (probs) reference::indexed_decode_attention(q, c, rows, o, View2<double>(probs, {q.shape[0], L}), opt);
-        else reference::indexed_decode_attention(q, c, rows, o, opt);
-    }
-};
-
-struct SimdDecode {
-    template <class T>
-    static void decode(View2<const T> q, const KvCache<T>& c, View2<float> o, const AttentionOptions& opt) {
-        simd::decode_attention(q, c, o, opt);
-    }
-    template <class T>
-    static void indexed(View2<const T> q, const KvCache<T>& c, const CacheRows& rows, View2<float> o, double* probs,
-                        std::int64_t L, const AttentionOptions& opt) {
-        if (!probs) {
-            simd::indexed_decode_attention(q, c, rows, o, opt);
-            return;
-        }
-        std::vector<float> p(static_cast<std::size_t>(q.shape[0] * L));  // the SIMD path writes fp32
-        simd::indexed_decode_attention(q, c, rows, o, View2<float>(p.data(), {q.shape[0], L}), opt);
+// One indexed decode step on backend B; probs (float64 [H, L]) gets the probabilities when not null.
+// B writes them in its own B::prob_type (simd: fp32, widened here; the reference: double, in place).
+template <class B, class T>
+void indexed_decode_on(View2<const T> q, const KvCache<T>& c, const CacheRows& rows, View2<float> o, double* probs,
+                       std::int64_t L, const AttentionOptions& opt) {
+    using P = typename B::prob_type;
+    if (!probs) {
+        B::indexed_decode(q, c, rows, o, opt);
+    } else if constexpr (std::is_same_v<P, double>) {
+        B::indexed_decode(q, c, rows, o, View2<double>(probs, {q.shape[0], L}), opt);
+    } else {
+        std::vector<P> p(static_cast<std::size_t>(q.shape[0] * L));
+        B::indexed_decode(q, c, rows, o, View2<P>(p.data(), {q.shape[0], L}), opt);
         std::copy(p.begin(), p.end(), probs);
     }
-};
+}
 
 // q [H, d] of the cache's element type, and a new float32 output of its shape.
 py::array decode_query(const PyKvCache& cache, const py::array& q, const char* fn) {
@@ -102,7 +89,7 @@ void bind_cache_decode(py::module_& m) {
             using T = typename decltype(tag)::type;
             const auto Q = view<T, 2>(qa, fn, "q");
             cache.read_nogil<T>([&](const KvCache<T>& c) {
-                B::indexed(Q, c, rows, o, pp, L, AttentionOptions{scale, check_finite});
+                indexed_decode_on<B>(Q, c, rows, o, pp, L, AttentionOptions{scale, check_finite});
             });
         });
         if (probs) return py::make_tuple(out, p);
@@ -431,8 +418,8 @@ void check_cached(std::span<const std::int64_t> cached, const char* fn) {
 
 void bind_kv(py::module_& m, py::module_& ref, py::module_& simd_mod) {
     bind_cache_class(m);
-    bind_cache_decode<RefDecode>(ref);
-    bind_cache_decode<SimdDecode>(simd_mod);
+    bind_cache_decode<reference::DecodeOps>(ref);
+    bind_cache_decode<simd::DecodeOps>(simd_mod);
 
     bind_policy<H2OPolicy>(m, "H2OPolicy", [](const nlohmann::json& j, const char* p) { return ::vlsparse::h2o_params_from_json(j, p); },
         "H2O's policy adapter (<vlsparse/policies/policy.hpp>, SIMD path): prefill keeps heavy hitters + the recent "

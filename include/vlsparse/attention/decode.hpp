@@ -13,6 +13,8 @@
 // Include: <vlsparse/vlsparse.hpp> (or this header alone).
 #pragma once
 
+#include <utility>
+
 #include "vlsparse/attention/indexed_decode.hpp"
 
 namespace vlsparse::simd {
@@ -87,5 +89,16 @@ void decode_attention(View2<const TQ> q, const KvBatchView<const TC>& cache, Vie
     detail::run_indexed_decode<Arch>(q, hs, all, out, scale, nullptr, 0);
     if (opt.check_finite) ::vlsparse::detail::check_narrowed_output(out, fn, "out");
 }
+
+// Decode attention on the SIMD backend as a type, for code written once over a backend (the Python
+// bindings' decode over a cache); reference::DecodeOps is the twin. prob_type: the probabilities'
+// element type, the only one its probs overloads write.
+struct DecodeOps {
+    using prob_type = float;
+    template <class... A> static auto decode(A&&... a) { return simd::decode_attention(std::forward<A>(a)...); }
+    template <class... A> static auto indexed_decode(A&&... a) {
+        return simd::indexed_decode_attention(std::forward<A>(a)...);
+    }
+};
 
 }  // namespace vlsparse::simd

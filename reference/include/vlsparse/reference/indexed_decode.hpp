@@ -11,6 +11,8 @@
 // Include: <vlsparse/reference/indexed_decode.hpp>
 #pragma once
 
+#include <utility>
+
 #include "vlsparse/attention/cache_rows.hpp"
 #include "vlsparse/kv/kv_batch.hpp"
 #include "vlsparse/reference/attention.hpp"
@@ -127,5 +129,16 @@ void decode_attention(View2<const TQ> q, const KvBatchView<const TC>& cache, Vie
     detail::run_indexed_decode(q, std::span<const detail::DecodeHead<TC>>(heads), all, out,
                                static_cast<const View2<double>*>(nullptr), opt, fn);
 }
+
+// Decode attention on the reference backend as a type, for code written once over a backend (the
+// Python bindings' decode over a cache); simd::DecodeOps is the twin. prob_type: the probabilities'
+// element type that keeps the reference's precision (its probs overloads take any output type).
+struct DecodeOps {
+    using prob_type = double;
+    template <class... A> static auto decode(A&&... a) { return reference::decode_attention(std::forward<A>(a)...); }
+    template <class... A> static auto indexed_decode(A&&... a) {
+        return reference::indexed_decode_attention(std::forward<A>(a)...);
+    }
+};
 
 }  // namespace vlsparse::reference
