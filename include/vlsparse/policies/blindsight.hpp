@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "vlsparse/attention/dense.hpp"
@@ -31,35 +32,33 @@ namespace vlsparse {
 
 namespace simd {
 
-// Algorithm 1 for every head of one layer (prefill: q [n, H, d], k, v [n, H_kv, d], layout of n tokens).
-// Block sizes of the masked attention: q_block x k_block.
+namespace detail {
+
+// Algorithm 1's arithmetic on the SIMD path (the ops of characterize_prompt_over): fp32 outputs of the
+// masked attention over each template's block mask (blocks of q_block queries x k_block keys), their
+// NMSE per head in double.
+struct CharacterizeOps {
+    using value_type = float;
+    std::int64_t q_block, k_block;
+    template <class TQ, class TK>
+    void masked(View3<const TQ> q, View3<const TK> k, View3<const TK> v, const MaskContext& ctx,
+                std::span<const MaskTemplate> heads, View3<float> out, const AttentionOptions& opt) const {
+        simd::masked_attention(q, k, v, make_block_mask(ctx, heads, q_block, k_block), out, opt);
+    }
+    template <class... A> static double head_nmse(A&&... a) { return ::vlsparse::detail::head_nmse(std::forward<A>(a)...); }
+};
+
+}  // namespace detail
+
+// Algorithm 1 for every head of one layer (prefill: q [n, H, d], k, v [n, H_kv, d], layout of n tokens):
+// characterize_prompt_over on this backend's arithmetic. Block sizes of the masked attention:
+// q_block x k_block.
 template <ElementType TQ, ElementType TK>
 std::vector<HeadCharacterization> characterize_prompt(View3<const TQ> q, View3<const TK> k, View3<const TK> v,
                                                       const Layout& layout, const BlindSightParams& P = {},
                                                       std::int64_t q_block = 128, std::int64_t k_block = 128) {
-    constexpr const char* fn = "simd::blindsight_characterize";
-    check_blindsight_params(P, fn);
-    detail::check_qkv(q, k, v, fn);
-    const std::int64_t n = q.shape[0], H = q.shape[1], d = q.shape[2];
-    detail::require(k.shape[0] == n, fn, "q has ", n, " tokens and k has ", k.shape[0], ", expected equal (prefill)");
-    layout.require_tokens(n, fn);
-    const AttentionOptions opt{P.scale, P.check_finite};
-    std::vector<float> ref(static_cast<std::size_t>(n * H * d)), o(ref.size());
-    const View3<float> ref_v(ref.data(), {n, H, d}), o_v(o.data(), {n, H, d});
-    const MaskContext ctx = make_mask_context(layout, P.mask);
-    // O_ref: the Dense template (causal; causal with bidirectional images when the options say so).
-    simd::masked_attention(q, k, v, make_block_mask(ctx, std::vector<MaskTemplate>(static_cast<std::size_t>(H), MaskTemplate::dense), q_block, k_block), ref_v, opt);
-    std::vector<HeadCharacterization> r(static_cast<std::size_t>(H));
-    const AttentionOptions opt_nocheck{P.scale, false};
-    for (MaskTemplate t : kCandidateTemplates) {
-        const std::vector<MaskTemplate> heads(static_cast<std::size_t>(H), t);
-        const BlockMask bm = make_block_mask(ctx, heads, q_block, k_block);
-        simd::masked_attention(q, k, v, bm, o_v, opt_nocheck);
-        for (std::int64_t h = 0; h < H; ++h)
-            r[static_cast<std::size_t>(h)].nmse[static_cast<std::size_t>(t)] = detail::head_nmse(o, ref, n, H, d, h);
-    }
-    for (auto& c : r) c.chosen = choose_template(c.nmse, P.alpha);
-    return r;
+    return characterize_prompt_over(q, k, v, layout, P, detail::CharacterizeOps{q_block, k_block},
+                                    "simd::blindsight_characterize");
 }
 
 // BlindSight's operations on the SIMD backend: the concept of golden::run_blindsight_case (the signatures

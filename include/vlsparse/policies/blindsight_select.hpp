@@ -1,6 +1,7 @@
 // vlsparse/policies/blindsight_select.hpp -- BlindSight's Algorithms 1 and 2 on given NMSEs (the
-// first-wins template choice, the dataset-level aggregation, one template per KV group) and the per-head
-// NMSE of two outputs; no attention, no Eigen, no xsimd, no OpenMP (nvcc compiles it). The Params,
+// first-wins template choice, the dataset-level aggregation, one template per KV group), the per-head
+// NMSE of two outputs and Algorithm 1's sequencing over a backend's attention (characterize_prompt_over);
+// no attention code, no Eigen, no xsimd, no OpenMP (nvcc compiles it). The Params,
 // checks and the HeadMap / HeadCharacterization / TemplateCounts types are in
 // policies/blindsight_params.hpp (included here).
 //   Algorithm 1, per head: the first t in (Sink, Document, Document-Sink) with NMSE_t < alpha, else Dense.
@@ -17,7 +18,10 @@
 #include <span>
 #include <vector>
 
+#include "vlsparse/attention/common.hpp"
 #include "vlsparse/core/error.hpp"
+#include "vlsparse/core/layout.hpp"
+#include "vlsparse/core/tensor.hpp"
 #include "vlsparse/masks/templates.hpp"
 #include "vlsparse/policies/blindsight_params.hpp"
 
@@ -101,5 +105,41 @@ inline double head_nmse(const std::vector<float>& a, const std::vector<float>& b
 }
 
 }  // namespace detail
+
+// Algorithm 1 for every head of one layer (prefill: q [n, H, d], k, v [n, H_kv, d], layout of n
+// tokens), written once over a backend's ops: the checks, O_ref under the Dense template (causal, or
+// causal with bidirectional images when P.mask asks), each candidate template in Algorithm 1's order
+// with its NMSE per head, the first-wins choice. `ops` supplies the arithmetic, in its own precision:
+//   Ops::value_type                                   the outputs' element type (fp32 SIMD, double reference)
+//   ops.masked(q, k, v, ctx, heads, out, opt)         masked attention, one template per query head, into
+//                                                     out [n, H, d] of value_type
+//   ops.head_nmse(o, ref, n, H, d, h)                 ||o - ref||^2 / ||ref||^2 over head h's rows
+// O_ref is computed with P.check_finite, the candidates (same inputs) without the scan again.
+// simd::characterize_prompt and reference::characterize_prompt call it; `fn` names the caller.
+template <class Ops, class TQ, class TK>
+std::vector<HeadCharacterization> characterize_prompt_over(View3<const TQ> q, View3<const TK> k, View3<const TK> v,
+                                                           const Layout& layout, const BlindSightParams& P,
+                                                           const Ops& ops, const char* fn) {
+    using T = typename Ops::value_type;
+    check_blindsight_params(P, fn);
+    detail::check_qkv(q, k, v, fn);
+    const std::int64_t n = q.shape[0], H = q.shape[1], d = q.shape[2];
+    detail::require(k.shape[0] == n, fn, "q has ", n, " tokens and k has ", k.shape[0], ", expected equal (prefill)");
+    layout.require_tokens(n, fn);
+    const MaskContext ctx = make_mask_context(layout, P.mask);
+    std::vector<T> ref(static_cast<std::size_t>(n * H * d)), o(ref.size());
+    const View3<T> ref_v(ref.data(), {n, H, d}), o_v(o.data(), {n, H, d});
+    ops.masked(q, k, v, ctx, std::vector<MaskTemplate>(static_cast<std::size_t>(H), MaskTemplate::dense), ref_v,
+               AttentionOptions{P.scale, P.check_finite});
+    std::vector<HeadCharacterization> r(static_cast<std::size_t>(H));
+    for (MaskTemplate t : kCandidateTemplates) {
+        ops.masked(q, k, v, ctx, std::vector<MaskTemplate>(static_cast<std::size_t>(H), t), o_v,
+                   AttentionOptions{P.scale, false});
+        for (std::int64_t h = 0; h < H; ++h)
+            r[static_cast<std::size_t>(h)].nmse[static_cast<std::size_t>(t)] = ops.head_nmse(o, ref, n, H, d, h);
+    }
+    for (auto& c : r) c.chosen = choose_template(c.nmse, P.alpha);
+    return r;
+}
 
 }  // namespace vlsparse

@@ -83,39 +83,26 @@ inline void zipvl_select_from_scores(ZipVLSelection& r, const Layout& layout, co
 
 namespace simd {
 
-// ZipVL's selection for layer `layer`: probes, scores, p and the kept set. q [n, H, d], k [n, H_kv, d].
-// `probes` overrides the probe choice (sorted ascending, unique, in [0, n)); empty = zipvl_probes().
-template <ElementType TQ, ElementType TK>
-ZipVLSelection zipvl_select(View3<const TQ> q, View3<const TK> k, const Layout& layout, std::int64_t layer,
-                            const ZipVLParams& P, std::span<const std::int64_t> probes = {}) {
-    constexpr const char* fn = "simd::zipvl_select";
-    ::vlsparse::detail::check_zipvl_params(P, fn);
-    ::vlsparse::detail::check_zipvl_modes(P, fn);
-    ::vlsparse::detail::check_qkv(q, k, k, fn);
-    const std::int64_t n = q.shape[0], H = q.shape[1], d = q.shape[2], Hkv = k.shape[1], qpk = H / Hkv;
-    ::vlsparse::detail::require(k.shape[0] == n, fn, "q has ", n, " tokens and k has ", k.shape[0], ", expected equal (prefill)");
-    ::vlsparse::detail::require(layer >= 0, fn, "layer = ", layer, ", expected >= 0");
-    layout.require_tokens(n, fn);
-    if (P.check_finite) {
-        detail::check_finite_vectorized(q, fn, "q");
-        detail::check_finite_vectorized(k, fn, "k");
-    }
+namespace detail {
 
-    ZipVLSelection r;
-    if (::vlsparse::detail::zipvl_begin_select(r, n, H, Hkv, layer, P, probes, fn)) return r;
+// Eq. 6 on the SIMD path: r.accumulated[g][j], the probe attention of the group's heads summed over the
+// probes (r from zipvl_begin_select). One query head at a time: probabilities [1, P, n] in fp32,
+// summed over probes in fp32, then added to the group's double accumulator (keeps the scratch small
+// and the sums accurate). q [n, H, d], k [n, H_kv, d], already checked.
+template <class TQ, class TK>
+void zipvl_accumulate(ZipVLSelection& r, View3<const TQ> q, View3<const TK> k, const ZipVLParams& P) {
+    const std::int64_t n = q.shape[0], H = q.shape[1], d = q.shape[2], qpk = H / k.shape[1];
     const std::int64_t G = H / r.heads_per_group;
     const auto np = static_cast<std::int64_t>(r.probes.size());
-    // One query head at a time: probabilities [1, P, n] in fp32, summed over probes in fp32, then
-    // added to the group's double accumulator (keeps the scratch small and the sums accurate).
     std::vector<float> probs(static_cast<std::size_t>(np * n));
     std::vector<float> head_sum(static_cast<std::size_t>(n));
     r.accumulated.assign(static_cast<std::size_t>(G), std::vector<double>(static_cast<std::size_t>(n), 0.0));
     AttentionOptions opt = P.attention();
-    opt.check_finite = false;  // already checked above when asked
+    opt.check_finite = false;  // zipvl_select_over has scanned the inputs when asked
     for (std::int64_t h = 0; h < H; ++h) {
         const View3<const TQ> qh(q.row(0, h), {n, 1, d}, q.stride);
         const View3<const TK> kh(k.row(0, h / qpk), {n, 1, d}, k.stride);
-        probe_attention(qh, kh, std::span<const std::int64_t>(r.probes), View3<float>(probs.data(), {1, np, n}), opt);
+        simd::probe_attention(qh, kh, std::span<const std::int64_t>(r.probes), View3<float>(probs.data(), {1, np, n}), opt);
         std::fill(head_sum.begin(), head_sum.end(), 0.0f);
         for (std::int64_t p = 0; p < np; ++p) {
             const float* row = probs.data() + p * n;
@@ -125,11 +112,20 @@ ZipVLSelection zipvl_select(View3<const TQ> q, View3<const TK> k, const Layout& 
         auto& a = r.accumulated[static_cast<std::size_t>(h / r.heads_per_group)];
         for (std::int64_t j = 0; j < n; ++j) a[static_cast<std::size_t>(j)] += head_sum[static_cast<std::size_t>(j)];
     }
-    ::vlsparse::detail::zipvl_select_from_scores(r, layout, P);
-    return r;
 }
 
+}  // namespace detail
+
 struct ZipVLOps;
+
+// ZipVL's selection for layer `layer`: probes, scores, p and the kept set. q [n, H, d], k [n, H_kv, d].
+// `probes` overrides the probe choice (sorted ascending, unique, in [0, n)); empty = zipvl_probes().
+// zipvl_select_over on this backend's arithmetic.
+template <ElementType TQ, ElementType TK>
+ZipVLSelection zipvl_select(View3<const TQ> q, View3<const TK> k, const Layout& layout, std::int64_t layer,
+                            const ZipVLParams& P, std::span<const std::int64_t> probes = {}) {
+    return zipvl_select_over<ZipVLOps>(q, k, layout, layer, P, probes, "simd::zipvl_select");
+}
 
 // Token-sparse prefill (Algorithm 1; zipvl_prefill_over on this backend's attention). out [n, H, d].
 template <ElementType TQ, ElementType TK, OutputElement TO>
@@ -150,14 +146,24 @@ ZipVLSelection zipvl_prefill_layer(View3<const TQ> q, View3<const TK> k, View3<c
     return s;
 }
 
-// ZipVL's operations on the SIMD backend: the concept of golden::run_zipvl_case (the signatures are
-// listed at reference::ZipVLOps), for code written once over a backend.
+// ZipVL's operations on the SIMD backend: the concept of golden::run_zipvl_case and of
+// zipvl_select_over (the signatures are listed at reference::ZipVLOps), for code written once over a
+// backend.
 struct ZipVLOps {
     template <class... A> static auto select(A&&... a) { return simd::zipvl_select(std::forward<A>(a)...); }
     template <class... A> static void prefill(A&&... a) { simd::zipvl_prefill(std::forward<A>(a)...); }
     template <class... A> static void decode(A&&... a) { simd::decode_attention(std::forward<A>(a)...); }
     template <class... A> static void dense(A&&... a) { simd::dense_attention(std::forward<A>(a)...); }
     template <class... A> static void sparse(A&&... a) { simd::sparse_attention(std::forward<A>(a)...); }
+    template <class Q, class K> static void check_finite(Q q, K k, const ZipVLParams& P, const char* fn) {
+        if (!P.check_finite) return;
+        simd::detail::check_finite_vectorized(q, fn, "q");
+        simd::detail::check_finite_vectorized(k, fn, "k");
+    }
+    template <class... A> static void accumulate(A&&... a) { simd::detail::zipvl_accumulate(std::forward<A>(a)...); }
+    static void finish(ZipVLSelection& r, const Layout& layout, const ZipVLParams& P, const char*) {
+        ::vlsparse::detail::zipvl_select_from_scores(r, layout, P);
+    }
 };
 
 }  // namespace simd

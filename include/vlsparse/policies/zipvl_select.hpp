@@ -1,5 +1,6 @@
 // vlsparse/policies/zipvl_select.hpp -- ZipVL's backend-independent steps: the probe positions, the
-// kept count p (adaptive or fixed ratio), the prefill mode of a layer and the eviction of a selection;
+// kept count p (adaptive or fixed ratio), the prefill mode of a layer and the eviction of a selection,
+// and the selection's and the prefill's sequencing written once over a backend's ZipVLOps;
 // shared by the reference, the SIMD path and CUDA (no Eigen, no xsimd, no OpenMP; nvcc compiles it).
 // The Params, enums, result type and checks are in policies/zipvl_params.hpp (included here).
 //   probes P = the last max(recent, 1) positions + `random` drawn from [0, n - recent) by SplitMix64(seed + layer)
@@ -13,7 +14,9 @@
 #include <span>
 #include <vector>
 
+#include "vlsparse/attention/common.hpp"
 #include "vlsparse/core/error.hpp"
+#include "vlsparse/core/layout.hpp"
 #include "vlsparse/core/rng.hpp"
 #include "vlsparse/core/selection.hpp"
 #include "vlsparse/core/tensor.hpp"
@@ -118,6 +121,28 @@ inline bool zipvl_begin_select(ZipVLSelection& r, std::int64_t n, std::int64_t H
 }
 
 }  // namespace detail
+
+// ZipVL's selection for layer `layer` (q [n, H, d], k [n, H_kv, d]), written once over a backend's
+// ZipVLOps: the checks, the NaN/Inf scan (Ops::check_finite: the reference always scans, the SIMD path
+// when P.check_finite), the start (detail::zipvl_begin_select: probes, or the whole selection on a dense
+// layer), then the backend's arithmetic: Ops::accumulate(r, q, k, P) fills r.accumulated (Eq. 6) and
+// Ops::finish(r, layout, P, fn) the count p, the normalized scores and the kept set (Eq. 7-9).
+// reference::zipvl_select and simd::zipvl_select call it; `fn` names the caller.
+template <class Ops, class TQ, class TK>
+ZipVLSelection zipvl_select_over(View3<const TQ> q, View3<const TK> k, const Layout& layout, std::int64_t layer,
+                                 const ZipVLParams& P, std::span<const std::int64_t> probes, const char* fn) {
+    detail::check_zipvl_params(P, fn);
+    detail::check_zipvl_modes(P, fn);
+    detail::check_prefill_qk(q, k, fn);
+    detail::require(layer >= 0, fn, "layer = ", layer, ", expected >= 0");
+    layout.require_tokens(q.shape[0], fn);
+    Ops::check_finite(q, k, P, fn);
+    ZipVLSelection r;
+    if (detail::zipvl_begin_select(r, q.shape[0], q.shape[1], k.shape[1], layer, P, probes, fn)) return r;
+    Ops::accumulate(r, q, k, P);
+    Ops::finish(r, layout, P, fn);
+    return r;
+}
 
 // Eviction: the layer's cache keeps the selected positions (nothing is evicted in a dense layer).
 template <ElementType TC>

@@ -88,42 +88,36 @@ inline void zipvl_finish(ZipVLSelection& r, const Layout& layout, const ZipVLPar
     r.selection.scores = P.ranking == ZipVLRanking::normalized ? r.normalized : r.accumulated;
 }
 
-}  // namespace detail
-
-// ZipVL's selection for layer `layer`: probes, scores, p and the kept set. q [n, H, d], k [n, H_kv, d].
-// `probes` overrides the probe choice (sorted ascending, unique, in [0, n)); empty = zipvl_probes().
-template <ElementType TQ, ElementType TK>
-ZipVLSelection zipvl_select(View3<const TQ> q, View3<const TK> k, const Layout& layout, std::int64_t layer,
-                            const ZipVLParams& P, std::span<const std::int64_t> probes = {}) {
-    constexpr const char* fn = "reference::zipvl_select";
-    detail::check_zipvl_params(P, fn);
-    detail::check_zipvl_modes(P, fn);
-    detail::check_qkv(q, k, k, fn);
-    const std::int64_t n = q.shape[0], H = q.shape[1], Hkv = k.shape[1];
-    detail::require(k.shape[0] == n, fn, "q has ", n, " tokens and k has ", k.shape[0], ", expected equal (prefill)");
-    detail::require(layer >= 0, fn, "layer = ", layer, ", expected >= 0");
-    layout.require_tokens(n, fn);
-    detail::check_finite(q, fn, "q");
-    detail::check_finite(k, fn, "k");
-
-    ZipVLSelection r;
-    if (detail::zipvl_begin_select(r, n, H, Hkv, layer, P, probes, fn)) return r;
+// Eq. 6: r.accumulated[g][j] = sum over the group's heads and the probes of A'[h, p, j] (r from
+// zipvl_begin_select), from the probe attention of every head at once, in double.
+template <class TQ, class TK>
+void zipvl_accumulate(ZipVLSelection& r, View3<const TQ> q, View3<const TK> k, const ZipVLParams& P) {
+    const std::int64_t n = q.shape[0], H = q.shape[1];
     const std::int64_t G = H / r.heads_per_group;
     const auto np = static_cast<std::int64_t>(r.probes.size());
     std::vector<double> probs(static_cast<std::size_t>(H * np * n));
-    probe_attention(q, k, std::span<const std::int64_t>(r.probes), View3<double>(probs.data(), {H, np, n}),
-                    P.attention());
+    reference::probe_attention(q, k, std::span<const std::int64_t>(r.probes), View3<double>(probs.data(), {H, np, n}),
+                               P.attention());
     r.accumulated.assign(static_cast<std::size_t>(G), std::vector<double>(static_cast<std::size_t>(n), 0.0));
     for (std::int64_t h = 0; h < H; ++h) {
         auto& a = r.accumulated[static_cast<std::size_t>(h / r.heads_per_group)];
         for (std::int64_t p = 0; p < np; ++p)
             for (std::int64_t j = 0; j < n; ++j) a[static_cast<std::size_t>(j)] += probs[static_cast<std::size_t>((h * np + p) * n + j)];
     }
-    detail::zipvl_finish(r, layout, P, fn);
-    return r;
 }
 
+}  // namespace detail
+
 struct ZipVLOps;
+
+// ZipVL's selection for layer `layer`: probes, scores, p and the kept set. q [n, H, d], k [n, H_kv, d].
+// `probes` overrides the probe choice (sorted ascending, unique, in [0, n)); empty = zipvl_probes().
+// zipvl_select_over on the reference's arithmetic.
+template <ElementType TQ, ElementType TK>
+ZipVLSelection zipvl_select(View3<const TQ> q, View3<const TK> k, const Layout& layout, std::int64_t layer,
+                            const ZipVLParams& P, std::span<const std::int64_t> probes = {}) {
+    return zipvl_select_over<ZipVLOps>(q, k, layout, layer, P, probes, "reference::zipvl_select");
+}
 
 // Token-sparse prefill (Algorithm 1; zipvl_prefill_over on this backend's attention). out [n, H, d].
 template <ElementType TQ, ElementType TK, OutputElement TO>
@@ -138,12 +132,20 @@ void zipvl_prefill(View3<const TQ> q, View3<const TK> k, View3<const TK> v, cons
 //   prefill(q, k, v, selection, out [n, H, d], P);  decode(q [H, d], KvCache, out [H, d], AttentionOptions)
 //   dense(q, k, v, out, AttentionOptions);  sparse(q, k, v, TokenSelection, out, UnselectedRows, AttentionOptions)
 //     (the attention zipvl_prefill_over runs)
+//   check_finite(q, k, P, fn);  accumulate(selection, q, k, P);  finish(selection, layout, P, fn)
+//     (the arithmetic zipvl_select_over runs: the NaN/Inf scan, Eq. 6, Eq. 7-9 and the kept set)
 struct ZipVLOps {
     template <class... A> static auto select(A&&... a) { return reference::zipvl_select(std::forward<A>(a)...); }
     template <class... A> static void prefill(A&&... a) { reference::zipvl_prefill(std::forward<A>(a)...); }
     template <class... A> static void decode(A&&... a) { reference::decode_attention(std::forward<A>(a)...); }
     template <class... A> static void dense(A&&... a) { reference::dense_attention(std::forward<A>(a)...); }
     template <class... A> static void sparse(A&&... a) { reference::sparse_attention(std::forward<A>(a)...); }
+    template <class Q, class K> static void check_finite(Q q, K k, const ZipVLParams&, const char* fn) {
+        detail::check_finite(q, fn, "q");  // the reference scans whatever P.check_finite says
+        detail::check_finite(k, fn, "k");
+    }
+    template <class... A> static void accumulate(A&&... a) { detail::zipvl_accumulate(std::forward<A>(a)...); }
+    template <class... A> static void finish(A&&... a) { detail::zipvl_finish(std::forward<A>(a)...); }
 };
 
 }  // namespace vlsparse::reference
