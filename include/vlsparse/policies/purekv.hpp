@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "vlsparse/attention/dense.hpp"
@@ -115,41 +116,43 @@ PureKVSelection purekv_select(const PureKVScores& scores, View3<const TV> v, std
                                              [](std::span<const double> imp, std::int64_t h) { return topk_indices(imp, h); });
 }
 
+// ST-SpAttn prefill over a block mask already built: purekv_block_mask(layout, H, P), or the one the
+// estimator keeps for all its masked layers. q [n, H, d], k, v [n, H_kv, d], out [n, H, d].
+template <ElementType TQ, ElementType TK, OutputElement TO>
+void purekv_st_attention(View3<const TQ> q, View3<const TK> k, View3<const TK> v, const BlockMask& mask, View3<TO> out,
+                         const PureKVParams& P) {
+    masked_attention(q, k, v, mask, out, P.attention());
+}
+
 // ST-SpAttn prefill: masked attention over purekv_block_mask(layout, H, P). q [n, H, d], k, v
 // [n, H_kv, d], out [n, H, d]. (An estimator keeps the block mask; this builds it on each call.)
 template <ElementType TQ, ElementType TK, OutputElement TO>
 void purekv_st_attention(View3<const TQ> q, View3<const TK> k, View3<const TK> v, const Layout& layout, View3<TO> out,
                          const PureKVParams& P) {
     layout.require_tokens(q.shape[0], "simd::purekv_st_attention");
-    masked_attention(q, k, v, purekv_block_mask(layout, q.shape[1], P), out, P.attention());
+    purekv_st_attention(q, k, v, purekv_block_mask(layout, q.shape[1], P), out, P);
+}
+
+// The prefill attention of the layers PureKV leaves unmasked: dense causal with P's options.
+template <ElementType TQ, ElementType TK, OutputElement TO>
+void purekv_dense_attention(View3<const TQ> q, View3<const TK> k, View3<const TK> v, View3<TO> out,
+                            const PureKVParams& P) {
+    dense_attention(q, k, v, out, P.attention());
 }
 
 // PureKV's operations on the SIMD backend: the concept of BasicPureKVEstimator's Backend
 // (purekv_estimator.hpp: window_scores, select, masked, dense, uses_block_mask); reference::PureKVOps is the twin.
+// masked(q, k, v, ctx, mask, out, P) reads the block mask the estimator builds for this backend.
 struct PureKVOps {
     static constexpr bool uses_block_mask = true;
-    template <class TQ, class TK>
-    static PureKVScores window_scores(View3<const TQ> q, View3<const TK> k, std::int64_t layer, const PureKVParams& P) {
-        return purekv_window_scores(q, k, layer, P);
+    template <class... A> static auto window_scores(A&&... a) { return simd::purekv_window_scores(std::forward<A>(a)...); }
+    template <class... A> static auto select(A&&... a) { return simd::purekv_select(std::forward<A>(a)...); }
+    template <class Q, class K, class O>
+    static void masked(Q q, K k, K v, const MaskContext&, const BlockMask* mask, O out, const PureKVParams& P) {
+        simd::purekv_st_attention(q, k, v, *mask, out, P);
     }
-    template <class TV>
-    static PureKVSelection select(const PureKVScores& s, View3<const TV> v, std::int64_t layer, const PureKVParams& P) {
-        return purekv_select(s, v, layer, P);
-    }
-    template <class TQ, class TK, class TO>
-    static void masked(View3<const TQ> q, View3<const TK> k, View3<const TK> v, const MaskContext&, const BlockMask* bm,
-                       View3<TO> out, const PureKVParams& P) {
-        masked_attention(q, k, v, *bm, out, P.attention());
-    }
-    template <class TQ, class TK, class TO>
-    static void dense(View3<const TQ> q, View3<const TK> k, View3<const TK> v, View3<TO> out, const PureKVParams& P) {
-        dense_attention(q, k, v, out, P.attention());
-    }
+    template <class... A> static auto dense(A&&... a) { return simd::purekv_dense_attention(std::forward<A>(a)...); }
 };
-
-namespace detail {
-using PureKVBackend [[deprecated("use simd::PureKVOps")]] = PureKVOps;
-}  // namespace detail
 
 // The paper's validation (Eq. 5-7) for layer `layer`: l0's scores against the layer's own (from its
 // q, k), both weighted by its ||V||, Spearman per group over [0, n - w) (purekv_validate_over).

@@ -113,9 +113,9 @@ PureKVLayerValidation purekv_validate_over(const PureKVSelection& est, View3<con
 }
 
 // The cross-layer estimator state of one prefill (see the header comment). Backend supplies the
-// numerical steps: window_scores(q, k, layer, P), select(scores, v, layer, P), attention(q, k, v,
+// numerical steps: window_scores(q, k, layer, P), select(scores, v, layer, P), masked(q, k, v,
 // ctx, block_mask or nullptr, out, P) and dense(q, k, v, out, P); `uses_block_mask` says whether
-// attention() reads a BlockMask (SIMD) or only the MaskContext (reference).
+// masked() reads a BlockMask (SIMD) or only the MaskContext (reference).
 template <class Backend>
 class BasicPureKVEstimator {
 public:

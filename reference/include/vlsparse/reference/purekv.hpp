@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <numeric>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "vlsparse/masks/templates.hpp"
@@ -95,43 +96,43 @@ PureKVSelection purekv_select(const PureKVScores& scores, View3<const TV> v, std
     return detail::purekv_finish(scores, std::move(norms), layer, P, top);
 }
 
-// ST-SpAttn prefill: masked attention over the video mask context (pair by pair over all keys).
+// ST-SpAttn prefill over a video mask context already built: purekv_mask_context(layout, P), or the
+// one the estimator keeps; pair by pair over all keys, the Dense template on every head.
 template <ElementType TQ, ElementType TK, OutputElement TO>
-void purekv_st_attention(View3<const TQ> q, View3<const TK> k, View3<const TK> v, const Layout& layout, View3<TO> out,
-                         const PureKVParams& P) {
-    layout.require_tokens(q.shape[0], "reference::purekv_st_attention");
-    const MaskContext ctx = purekv_mask_context(layout, P);
+void purekv_st_attention(View3<const TQ> q, View3<const TK> k, View3<const TK> v, const MaskContext& ctx,
+                         View3<TO> out, const PureKVParams& P) {
     masked_attention(q, k, v, ctx, std::vector<MaskTemplate>(static_cast<std::size_t>(q.shape[1]), MaskTemplate::dense),
                      out, P.attention());
 }
 
+// ST-SpAttn prefill: masked attention over the video mask context of the layout.
+template <ElementType TQ, ElementType TK, OutputElement TO>
+void purekv_st_attention(View3<const TQ> q, View3<const TK> k, View3<const TK> v, const Layout& layout, View3<TO> out,
+                         const PureKVParams& P) {
+    layout.require_tokens(q.shape[0], "reference::purekv_st_attention");
+    purekv_st_attention(q, k, v, purekv_mask_context(layout, P), out, P);
+}
+
+// The prefill attention of the layers PureKV leaves unmasked: dense causal with P's options.
+template <ElementType TQ, ElementType TK, OutputElement TO>
+void purekv_dense_attention(View3<const TQ> q, View3<const TK> k, View3<const TK> v, View3<TO> out,
+                            const PureKVParams& P) {
+    dense_attention(q, k, v, out, P.attention());
+}
+
 // PureKV's operations on the reference backend: the concept of BasicPureKVEstimator's Backend
 // (purekv_estimator.hpp: window_scores, select, masked, dense, uses_block_mask); simd::PureKVOps is the twin.
+// masked(q, k, v, ctx, mask, out, P) reads only the mask context (mask is null on this backend).
 struct PureKVOps {
     static constexpr bool uses_block_mask = false;
-    template <class TQ, class TK>
-    static PureKVScores window_scores(View3<const TQ> q, View3<const TK> k, std::int64_t layer, const PureKVParams& P) {
-        return purekv_window_scores(q, k, layer, P);
+    template <class... A> static auto window_scores(A&&... a) { return reference::purekv_window_scores(std::forward<A>(a)...); }
+    template <class... A> static auto select(A&&... a) { return reference::purekv_select(std::forward<A>(a)...); }
+    template <class Q, class K, class O>
+    static void masked(Q q, K k, K v, const MaskContext& ctx, const BlockMask*, O out, const PureKVParams& P) {
+        reference::purekv_st_attention(q, k, v, ctx, out, P);
     }
-    template <class TV>
-    static PureKVSelection select(const PureKVScores& s, View3<const TV> v, std::int64_t layer, const PureKVParams& P) {
-        return purekv_select(s, v, layer, P);
-    }
-    template <class TQ, class TK, class TO>
-    static void masked(View3<const TQ> q, View3<const TK> k, View3<const TK> v, const MaskContext& ctx, const BlockMask*,
-                       View3<TO> out, const PureKVParams& P) {
-        masked_attention(q, k, v, ctx, std::vector<MaskTemplate>(static_cast<std::size_t>(q.shape[1]), MaskTemplate::dense),
-                         out, P.attention());
-    }
-    template <class TQ, class TK, class TO>
-    static void dense(View3<const TQ> q, View3<const TK> k, View3<const TK> v, View3<TO> out, const PureKVParams& P) {
-        dense_attention(q, k, v, out, P.attention());
-    }
+    template <class... A> static auto dense(A&&... a) { return reference::purekv_dense_attention(std::forward<A>(a)...); }
 };
-
-namespace detail {
-using PureKVBackend [[deprecated("use reference::PureKVOps")]] = PureKVOps;
-}  // namespace detail
 
 // The paper's validation (Eq. 5-7) for layer `layer`; see simd::purekv_validate.
 template <ElementType TQ, ElementType TK>

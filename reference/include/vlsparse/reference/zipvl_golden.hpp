@@ -107,8 +107,6 @@ std::vector<NamedArray> run_zipvl_case(const ZipVLCaseInputs& c) {
     throw error("run_zipvl_case", "input dtype '" + c.dtype + "', expected fp32, fp16 or bf16");
 }
 
-using ZipVLReferenceBackend [[deprecated("use reference::ZipVLOps")]] = reference::ZipVLOps;
-
 // The metric and tolerances of each ZipVL output.
 inline OutputMetric zipvl_output_metric(const std::string& name) {
     if (name == "accumulated" || name == "normalized") return score_metric();
