@@ -34,9 +34,8 @@ namespace simd {
 
 namespace detail {
 
-// Algorithm 1's arithmetic on the SIMD path (the ops of characterize_prompt_over): fp32 outputs of the
-// masked attention over each template's block mask (blocks of q_block queries x k_block keys), their
-// NMSE per head in double.
+// Algorithm 1's attention on the SIMD path (the ops of characterize_prompt_over): fp32 outputs of the
+// masked attention over each template's block mask (blocks of q_block queries x k_block keys).
 struct CharacterizeOps {
     using value_type = float;
     std::int64_t q_block, k_block;
@@ -45,7 +44,6 @@ struct CharacterizeOps {
                 std::span<const MaskTemplate> heads, View3<float> out, const AttentionOptions& opt) const {
         simd::masked_attention(q, k, v, make_block_mask(ctx, heads, q_block, k_block), out, opt);
     }
-    template <class... A> static double head_nmse(A&&... a) { return ::vlsparse::detail::head_nmse(std::forward<A>(a)...); }
 };
 
 }  // namespace detail

@@ -89,9 +89,11 @@ inline std::vector<MaskTemplate> uniform_per_kv_group(std::span<const MaskTempla
 
 namespace detail {
 
-// ||a - b||^2 / ||b||^2 over the rows of head h of two [n, H, d] fp32 buffers, in double.
-inline double head_nmse(const std::vector<float>& a, const std::vector<float>& b, std::int64_t n, std::int64_t H,
-                        std::int64_t d, std::int64_t h) {
+// ||a - b||^2 / ||b||^2 over the rows of head h of two [n, H, d] buffers (fp32 or double), in double;
+// 0 when both are zero, infinite when only b is.
+template <class T>
+double head_nmse(const std::vector<T>& a, const std::vector<T>& b, std::int64_t n, std::int64_t H, std::int64_t d,
+                 std::int64_t h) {
     double num = 0.0, den = 0.0;
     for (std::int64_t i = 0; i < n; ++i)
         for (std::int64_t c = 0; c < d; ++c) {
@@ -109,11 +111,11 @@ inline double head_nmse(const std::vector<float>& a, const std::vector<float>& b
 // Algorithm 1 for every head of one layer (prefill: q [n, H, d], k, v [n, H_kv, d], layout of n
 // tokens), written once over a backend's ops: the checks, O_ref under the Dense template (causal, or
 // causal with bidirectional images when P.mask asks), each candidate template in Algorithm 1's order
-// with its NMSE per head, the first-wins choice. `ops` supplies the arithmetic, in its own precision:
+// with its NMSE per head (detail::head_nmse, in double), the first-wins choice. `ops` supplies the
+// attention, in its own precision:
 //   Ops::value_type                                   the outputs' element type (fp32 SIMD, double reference)
 //   ops.masked(q, k, v, ctx, heads, out, opt)         masked attention, one template per query head, into
 //                                                     out [n, H, d] of value_type
-//   ops.head_nmse(o, ref, n, H, d, h)                 ||o - ref||^2 / ||ref||^2 over head h's rows
 // O_ref is computed with P.check_finite, the candidates (same inputs) without the scan again.
 // simd::characterize_prompt and reference::characterize_prompt call it; `fn` names the caller.
 template <class Ops, class TQ, class TK>
@@ -136,7 +138,7 @@ std::vector<HeadCharacterization> characterize_prompt_over(View3<const TQ> q, Vi
         ops.masked(q, k, v, ctx, std::vector<MaskTemplate>(static_cast<std::size_t>(H), t), o_v,
                    AttentionOptions{P.scale, false});
         for (std::int64_t h = 0; h < H; ++h)
-            r[static_cast<std::size_t>(h)].nmse[static_cast<std::size_t>(t)] = ops.head_nmse(o, ref, n, H, d, h);
+            r[static_cast<std::size_t>(h)].nmse[static_cast<std::size_t>(t)] = detail::head_nmse(o, ref, n, H, d, h);
     }
     for (auto& c : r) c.chosen = choose_template(c.nmse, P.alpha);
     return r;

@@ -4,8 +4,6 @@
 // Include: <vlsparse/reference/blindsight.hpp>
 #pragma once
 
-#include <cmath>
-#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <utility>
@@ -20,27 +18,11 @@ namespace vlsparse::reference {
 
 namespace detail {
 
-// ||o - ref||^2 / ||ref||^2 over the rows of head h of two [n, H, d] outputs, in double; 0 when both
-// are zero, infinite when only ref is.
-inline double head_nmse(const std::vector<double>& o, const std::vector<double>& ref, std::int64_t n, std::int64_t H,
-                        std::int64_t d, std::int64_t h) {
-    double num = 0.0, den = 0.0;
-    for (std::int64_t i = 0; i < n; ++i)
-        for (std::int64_t c = 0; c < d; ++c) {
-            const auto idx = static_cast<std::size_t>((i * H + h) * d + c);
-            num += (o[idx] - ref[idx]) * (o[idx] - ref[idx]);
-            den += ref[idx] * ref[idx];
-        }
-    return den == 0.0 ? (num == 0.0 ? 0.0 : INFINITY) : num / den;
-}
-
-// Algorithm 1's arithmetic in the reference (the ops of characterize_prompt_over): outputs of
-// reference::masked_attention (which scans its inputs whatever opt.check_finite says) and their NMSE
-// per head, all in double.
+// Algorithm 1's attention in the reference (the ops of characterize_prompt_over): outputs of
+// reference::masked_attention (which scans its inputs whatever opt.check_finite says), in double.
 struct CharacterizeOps {
     using value_type = double;
     template <class... A> static void masked(A&&... a) { reference::masked_attention(std::forward<A>(a)...); }
-    template <class... A> static double head_nmse(A&&... a) { return detail::head_nmse(std::forward<A>(a)...); }
 };
 
 }  // namespace detail
