@@ -339,8 +339,9 @@ private:
 // base list the next steps read. With async_refresh the new set is read from step t + 2, so refresh()
 // may run on a second stream beside step t + 1's decode (the engine orders the step t + 2 after it
 // with an event). Cost (H100, one span, bf16 H 28 / H_kv 4 / d 128, docs/cuda.md): positions() 3-4
-// us; refresh() unchecked 18 us at 16K and 31 us at 128K, run in the decode stream about half / a
-// third of a dense decode step; on a second stream beside the next step, within the noise of the step.
+// us; positions() + refresh() unchecked 21.5 us at 16K and 34.8 us at 128K; added to a refresh step in
+// the decode stream, a half / a third of a dense decode step; on a second stream beside the next step,
+// 1-4 us.
 class AvlDecodeSchedule {
 public:
     static constexpr int kRefreshSlice = 2048;  // kept rows per block of a span's team
