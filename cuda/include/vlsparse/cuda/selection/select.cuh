@@ -693,11 +693,11 @@ struct ClusterLaunchConfig {
 };
 
 // `team` where the device launches clusters, the kernel's binary is an sm_90+ one (which reads its
-// team from the cluster: RadixTeam::current) and a cluster of `team` blocks of `threads` threads with
-// `smem` bytes of dynamic shared memory each fits the GPU; else 1 (the kernel then runs one block per
+// team from the cluster: RadixTeam::current) and a cluster of `team` blocks of kSelectThreads threads
+// with `smem` bytes of dynamic shared memory each fits the GPU; else 1 (the kernel then runs one block per
 // team, which every kernel built on RadixTeam also supports).
 template <class Kernel>
-int cluster_team_or_one(Kernel* kernel, int team, int threads, std::size_t smem, const char* fn) {
+int cluster_team_or_one(Kernel* kernel, int team, std::size_t smem, const char* fn) {
     if (team <= 1) return 1;
     int dev = 0, cluster_ok = 0;
     check_cuda(cudaGetDevice(&dev), fn, "cudaGetDevice");
@@ -705,7 +705,7 @@ int cluster_team_or_one(Kernel* kernel, int team, int threads, std::size_t smem,
     cudaFuncAttributes fa{};
     check_cuda(cudaFuncGetAttributes(&fa, kernel), fn, "cudaFuncGetAttributes");
     if (!cluster_ok || fa.binaryVersion < 90) return 1;
-    const ClusterLaunchConfig c(dim3(static_cast<unsigned>(team)), threads, smem, team);
+    const ClusterLaunchConfig c(dim3(static_cast<unsigned>(team)), kSelectThreads, smem, team);
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &c.cfg) != cudaSuccess || clusters < 1) {
         (void)cudaGetLastError();  // a GPU (or a partition of one) that cannot place the cluster
@@ -718,7 +718,7 @@ int cluster_team_or_one(Kernel* kernel, int team, int threads, std::size_t smem,
 // `min_slice` positions (at most kMaxTeam) where cluster_team_or_one allows it; else 1.
 template <class Kernel>
 int select_team_size(Kernel* kernel, std::int64_t longest, std::size_t smem, const char* fn, int min_slice = kTeamMinSlice) {
-    return cluster_team_or_one(kernel, team_wanted(longest, min_slice), kSelectThreads, smem, fn);
+    return cluster_team_or_one(kernel, team_wanted(longest, min_slice), smem, fn);
 }
 
 // A ranking kernel's launch over vectors of up to `longest` positions, with the scores of each
