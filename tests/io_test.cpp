@@ -584,77 +584,103 @@ TEST_CASE("golden: manifest validation errors", "[io][golden]") {
         return error_of([&] { (void)vlsparse::read_manifest(dir.path); });
     };
     const std::string mf = (dir / "manifest.json").string();
+    // Every message names the file and the JSON path: "read_manifest: <file>: <path>: <what>".
+    auto at = [&](const std::string& path, const std::string& what) { return "read_manifest: " + mf + ": " + path + ": " + what; };
     CHECK(with([](nlohmann::json&) {}).empty());
     CHECK_THAT(with([](nlohmann::json& j) { j.erase("algorithm"); }),
-               Matches("read_manifest: " + mf + ": the manifest is missing key 'algorithm'"));
-    CHECK_THAT(with([](nlohmann::json& j) { j.erase("case"); }), Contains("missing key 'case'"));
-    CHECK_THAT(with([](nlohmann::json& j) { j.erase("params"); }), Contains("missing key 'params'"));
-    CHECK_THAT(with([](nlohmann::json& j) { j.erase("outputs"); }), Contains("missing key 'outputs'"));
-    CHECK_THAT(with([](nlohmann::json& j) { j["generator"] = 3; }),
-               Contains("key 'generator' of the manifest is an integer, expected a string"));
+               Matches(at("algorithm", "missing \\(expected a string\\)")));
+    CHECK_THAT(with([](nlohmann::json& j) { j.erase("case"); }), Contains(at("case", "missing (expected a string)")));
+    CHECK_THAT(with([](nlohmann::json& j) { j.erase("params"); }), Contains(at("params", "missing (expected an object)")));
+    CHECK_THAT(with([](nlohmann::json& j) { j.erase("outputs"); }),
+               Contains(at("outputs", "missing (expected an array of tensor entries)")));
+    CHECK_THAT(with([](nlohmann::json& j) { j["generator"] = 3; }), Contains(at("generator", "expected a string, got 3")));
+    CHECK_THAT(with([](nlohmann::json& j) { j["note"] = false; }), Contains(at("note", "expected a string, got false")));
+    CHECK_THAT(with([](nlohmann::json& j) { j["generator"] = ""; }),
+               Contains(at("generator", "expected a non-empty string, got \"\"")));
     CHECK_THAT(with([](nlohmann::json& j) { j["params"] = "tau=1"; }),
-               Contains("'params' is a string, expected an object"));
+               Contains(at("params", "expected an object, got \"tau=1\"")));
     CHECK_THAT(with([](nlohmann::json& j) { j["inputs"] = nlohmann::json::object(); }),
-               Contains("key 'inputs' of the manifest is an object, expected an array"));
-    CHECK_THAT(with([](nlohmann::json& j) { j["extra"] = 1; }), Contains("the manifest has unknown key 'extra'"));
+               Contains(at("inputs", "expected an array of tensor entries, got {}")));
+    CHECK_THAT(with([](nlohmann::json& j) { j["extra"] = 1; }), Contains(at("extra", "unknown key (known keys: algorithm, ")));
+    CHECK_THAT(with([](nlohmann::json& j) { j = nlohmann::json::array(); }),
+               Contains(at("(top level)", "expected an object, got []")));
     CHECK_THAT(with([](nlohmann::json& j) { j["outputs"][1]["metric"] = "l2"; }),
-               Contains("outputs[1] ('scores') has unknown metric 'l2', expected exact, rel, nmse or abs"));
+               Contains(at("outputs[1].metric", "unknown metric 'l2', expected exact, rel, nmse or abs")));
+    CHECK_THAT(with([](nlohmann::json& j) { j["outputs"][1]["metric"] = 2; }),
+               Contains(at("outputs[1].metric", "expected a string, got 2")));
     CHECK_THAT(with([](nlohmann::json& j) {
                    j["outputs"][0].erase("metric");
                    j["outputs"][0].erase("tol");
                }),
-               Contains("outputs[0] ('indices') has no metric"));
+               Contains(at("outputs[0].metric", "missing (expected exact, rel, nmse or abs: every output has a metric)")));
     CHECK_THAT(with([](nlohmann::json& j) { j["outputs"][1].erase("tol"); }),
-               Contains("outputs[1] has metric 'rel' but no 'tol'"));
-    CHECK_THAT(with([](nlohmann::json& j) { j["outputs"][1]["tol"] = -1; }), Contains("has tol = -1"));
+               Contains(at("outputs[1].tol", "missing (expected a number: metric 'rel' needs a tolerance)")));
+    CHECK_THAT(with([](nlohmann::json& j) { j["outputs"][1]["tol"] = -1; }),
+               Contains(at("outputs[1].tol", "expected a finite tolerance >= 0, got -1")));
     CHECK_THAT(with([](nlohmann::json& j) { j["outputs"][1]["tol"] = "1e-5"; }),
-               Contains("key 'tol' of outputs[1] is a string, expected a number"));
+               Contains(at("outputs[1].tol", "expected a number, got \"1e-5\"")));
     CHECK_THAT(with([](nlohmann::json& j) { j["outputs"][2]["dtype"] = "float32"; }),
-               Contains("outputs[2] ('mask') has unknown dtype 'float32'"));
+               Contains(at("outputs[2].dtype", "unknown dtype 'float32', expected fp32, fp64, fp16, bf16, int64, int32, "
+                                               "uint8 or bool")));
+    CHECK_THAT(with([](nlohmann::json& j) { j["outputs"][2].erase("dtype"); }),
+               Contains(at("outputs[2].dtype", "missing (expected a string)")));
     CHECK_THAT(with([](nlohmann::json& j) { j["outputs"][2]["shape"] = "3"; }),
-               Contains("key 'shape' of outputs[2] is a string, expected an array of integers"));
+               Contains(at("outputs[2].shape", "expected an array, got \"3\"")));
     CHECK_THAT(with([](nlohmann::json& j) { j["outputs"][2]["shape"] = {3.5}; }),
-               Contains("key 'shape' of outputs[2] is a number"));
-    CHECK_THAT(with([](nlohmann::json& j) { j["outputs"][2]["shape"] = {-3}; }), Contains("negative extent -3"));
+               Contains(at("outputs[2].shape[0]", "expected an integer, got 3.5")));
+    CHECK_THAT(with([](nlohmann::json& j) { j["outputs"][2].erase("shape"); }),
+               Contains(at("outputs[2].shape", "missing (expected an array of integers)")));
+    CHECK_THAT(with([](nlohmann::json& j) { j["outputs"][2]["shape"] = {2, -3}; }),
+               Contains(at("outputs[2].shape[1]", "negative extent -3")));
     CHECK_THAT(with([](nlohmann::json& j) { j["inputs"][0].erase("file"); }),
-               Contains("inputs[0] is missing key 'file'"));
+               Contains(at("inputs[0].file", "missing (expected a string)")));
     CHECK_THAT(with([](nlohmann::json& j) { j["inputs"][0]["fiel"] = "x.npy"; }),
-               Contains("inputs[0] has unknown key 'fiel'"));
+               Contains(at("inputs[0].fiel", "unknown key (known keys: name, file, dtype, shape, metric, tol, tols, "
+                                             "description)")));
+    CHECK_THAT(with([](nlohmann::json& j) { j["inputs"][0]["name"] = ""; }),
+               Contains(at("inputs[0].name", "expected a tensor name, got \"\"")));
     CHECK_THAT(with([](nlohmann::json& j) { j["inputs"][0]["file"] = "../q.npy"; }),
-               Contains("must be a plain file name"));
-    CHECK_THAT(with([](nlohmann::json& j) { j["inputs"][0]["file"] = "q.bin"; }), Contains("must end in .npy"));
+               Contains(at("inputs[0].file", "'../q.npy' must be a plain file name inside the case folder")));
+    CHECK_THAT(with([](nlohmann::json& j) { j["inputs"][0]["file"] = "q.bin"; }),
+               Contains(at("inputs[0].file", "'q.bin' must end in .npy")));
     CHECK_THAT(with([](nlohmann::json& j) { j["outputs"][0]["name"] = "q"; }),
-               Contains("outputs[0] ('q'): the name 'q' is used twice"));
+               Contains(at("outputs[0].name", "'q' is used twice (also at inputs[0].name)")));
     CHECK_THAT(with([](nlohmann::json& j) { j["outputs"][0]["file"] = "q.npy"; }),
-               Contains("the file 'q.npy' is used twice"));
+               Contains(at("outputs[0].file", "'q.npy' is used twice (also at inputs[0].file)")));
     CHECK(with([](nlohmann::json& j) { j["inputs"][0]["metric"] = "exact"; }).empty());  // inputs may carry one
     CHECK_THAT(with([](nlohmann::json& j) { j["inputs"][0]["tol"] = 0.5; }),
-               Contains("inputs[0] has 'tol' but no 'metric'"));
-    CHECK_THAT(with([](nlohmann::json& j) { j["inputs"][0] = 5; }), Contains("inputs[0] is an integer, expected an object"));
+               Contains(at("inputs[0].tol", "given without a 'metric'")));
+    CHECK_THAT(with([](nlohmann::json& j) { j["inputs"][0] = 5; }), Contains(at("inputs[0]", "expected an object, got 5")));
     // Per-precision tolerances ("tols"): known precisions, numbers >= 0, only beside a numeric metric.
     CHECK(with([](nlohmann::json& j) { j["outputs"][1]["tols"] = {{"fp64", 1e-12}, {"fp32", 1e-6}}; }).empty());
     CHECK_THAT(with([](nlohmann::json& j) { j["outputs"][1]["tols"] = {{"fp8", 1e-1}}; }),
-               Contains("outputs[1] ('scores') has a tolerance for precision 'fp8', expected fp64, fp32, fp16 or bf16"));
-    CHECK_THAT(with([](nlohmann::json& j) { j["outputs"][1]["tols"] = {{"fp64", -1.0}}; }), Contains("has tols.fp64 = -1"));
+               Contains(at("outputs[1].tols.fp8", "unknown precision 'fp8', expected fp64, fp32, fp16 or bf16")));
+    CHECK_THAT(with([](nlohmann::json& j) { j["outputs"][1]["tols"] = {{"fp64", -1.0}}; }),
+               Contains(at("outputs[1].tols.fp64", "expected a finite tolerance >= 0, got -1")));
     CHECK_THAT(with([](nlohmann::json& j) { j["outputs"][1]["tols"] = {{"fp64", "1e-12"}}; }),
-               Contains("key 'tols' of outputs[1] is a string, expected an object of numbers"));
+               Contains(at("outputs[1].tols.fp64", "expected a number, got \"1e-12\"")));
     CHECK_THAT(with([](nlohmann::json& j) { j["outputs"][1]["tols"] = 1e-12; }),
-               Contains("key 'tols' of outputs[1] is a number, expected an object of numbers"));
+               Contains(at("outputs[1].tols", "expected an object, got 1e-12")));
     CHECK_THAT(with([](nlohmann::json& j) { j["outputs"][0]["tols"] = {{"fp64", 0.0}}; }),
-               Contains("outputs[0] ('indices') has 'tols' but metric 'exact'"));
+               Contains(at("outputs[0].tols", "per-precision tolerances need metric rel, nmse or abs, got metric 'exact'")));
+    CHECK_THAT(with([](nlohmann::json& j) { j["inputs"][0]["tols"] = {{"fp64", 0.0}}; }),
+               Contains(at("inputs[0].tols", "per-precision tolerances need metric rel, nmse or abs, got no metric")));
 
     std::ofstream(dir / "manifest.json") << "{\"algorithm\": \"zipvl\",";
-    CHECK_THAT(error_of([&] { (void)vlsparse::read_manifest(dir.path); }), Contains(mf + ": invalid JSON"));
-    CHECK_THAT(error_of([&] { (void)vlsparse::read_manifest(dir / "nowhere"); }), Contains("cannot open"));
+    CHECK_THAT(error_of([&] { (void)vlsparse::read_manifest(dir.path); }),
+               Contains("read_manifest: " + mf + ": invalid JSON"));
+    CHECK_THAT(error_of([&] { (void)vlsparse::read_manifest(dir / "nowhere"); }),
+               Contains("read_manifest: " + (dir / "nowhere" / "manifest.json").string() + ": cannot open"));
 
     // write_manifest validates too.
     auto bad = m;
     bad.outputs[0].metric = "close";
     CHECK_THAT(error_of([&] { vlsparse::write_manifest(dir.path, bad); }),
-               Contains("write_manifest") && Contains("unknown metric 'close'"));
+               Contains("write_manifest: manifest.json: outputs[0].metric: unknown metric 'close'"));
     bad = m;
     bad.algorithm.clear();
-    CHECK_THAT(error_of([&] { vlsparse::write_manifest(dir.path, bad); }), Contains("'algorithm' is empty"));
+    CHECK_THAT(error_of([&] { vlsparse::write_manifest(dir.path, bad); }),
+               Contains("write_manifest: manifest.json: algorithm: expected a non-empty string, got \"\""));
     // write_tensor from an NpyArray infers the dtype from the descr.
     vlsparse::GoldenTensor fromarr;
     fromarr.name = "arr";
@@ -699,7 +725,8 @@ TEST_CASE("compare: exact", "[io][golden][compare]") {
     r = vlsparse::compare(s, e, g);
     CHECK_FALSE(r.pass);
     CHECK(r.value == 2);
-    CHECK(r.detail == "exact: 2 of 6 elements differ; first difference at flat index 4 [1, 1]: expected 4, got 9");
+    CHECK(r.detail == "exact: 2 of 6 elements differ; first difference at flat index 4 [1, 1]: expected 4, got 9 (|diff| = 5)");
+    CHECK((r.first == 4 && r.expected == 4 && r.got == 9 && r.diff == 5));  // the deciding element, as fields
 
     // Values, not bytes: int32 indices from a port match int64 goldens.
     CHECK(vlsparse::compare(s, e, NpyArray::from(std::vector<std::int32_t>{0, 1, 2, 3, 4, 5}, {2, 3})).pass);
@@ -780,6 +807,8 @@ TEST_CASE("compare: rel, abs, nmse", "[io][golden][compare]") {
     CHECK_FALSE(r.pass);
     CHECK_THAT(r.detail, Contains("nmse: ||got-expected||^2/||expected||^2 = 0.01488") &&
                              Contains("> tol 0.01") && Contains("first difference at flat index 2 [1, 0]"));
+    CHECK(r.first == 2);  // nmse: the first nonzero difference
+    CHECK(r.diff == std::fabs(r.got - r.expected));
 
     // Both zero passes every metric; zero expected with nonzero got fails.
     const auto z = NpyArray::from(std::vector<double>{0, 0, 0}, {3});

@@ -21,7 +21,7 @@
 // golden_compare.hpp. Needs nlohmann/json (3.10 or newer). Include: <vlsparse/io/golden.hpp>
 #pragma once
 
-#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -29,6 +29,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -67,138 +68,82 @@ private:
 
 namespace detail {
 
-// Checks one tensor entry (as read or about to be written). `where` is e.g. "outputs[1] ('scores')".
-inline void validate_golden_tensor(const GoldenTensor& t, bool is_output, const std::string& where, const char* fn,
-                                   const std::string& file) {
-    require(!t.name.empty(), fn, file, ": ", where, " has an empty name");
-    require(!t.file.empty(), fn, file, ": ", where, " has an empty file name");
-    require(t.file.find('/') == std::string::npos && t.file.find('\\') == std::string::npos && t.file != "." &&
-                t.file != "..",
-            fn, file, ": ", where, " file '", t.file, "' must be a plain file name inside the case folder");
-    require(t.file.size() > 4 && t.file.compare(t.file.size() - 4, 4, ".npy") == 0, fn, file, ": ", where, " file '",
-            t.file, "' must end in .npy");
-    require(!golden_descr(t.dtype).empty(), fn, file, ": ", where, " has unknown dtype '", t.dtype,
-            "', expected fp32, fp64, fp16, bf16, int64, int32, uint8 or bool");
+// Checks one tensor entry (as read or about to be written); `w` is the entry's place, e.g.
+// outputs[1] of manifest.json, and errors name its keys ("outputs[1].dtype: unknown dtype ...").
+inline void validate_golden_tensor(const GoldenTensor& t, bool is_output, const JsonPath& w) {
+    w.key("name").require(!t.name.empty(), "expected a tensor name, got \"\"");
+    const JsonPath file = w.key("file");
+    file.require(!t.file.empty(), "expected a file name, got \"\"");
+    file.require(t.file.find('/') == std::string::npos && t.file.find('\\') == std::string::npos && t.file != "." &&
+                     t.file != "..",
+                 "'" + t.file + "' must be a plain file name inside the case folder");
+    file.require(t.file.size() > 4 && t.file.compare(t.file.size() - 4, 4, ".npy") == 0,
+                 "'" + t.file + "' must end in .npy");
+    w.key("dtype").require(!golden_descr(t.dtype).empty(), "unknown dtype '" + t.dtype +
+                                                               "', expected fp32, fp64, fp16, bf16, int64, int32, "
+                                                               "uint8 or bool");
     for (std::size_t i = 0; i < t.shape.size(); ++i)
-        require(t.shape[i] >= 0, fn, file, ": ", where, " has negative extent ", t.shape[i], " in dimension ", i);
-    if (is_output || !t.metric.empty())
-        require(is_golden_metric(t.metric), fn, file, ": ", where, " has ",
-                t.metric.empty() ? std::string("no metric") : "unknown metric '" + t.metric + "'",
-                ", expected exact, rel, nmse or abs");
-    require(std::isfinite(t.tol) && t.tol >= 0, fn, file, ": ", where, " has tol = ", t.tol,
-            ", expected a finite tolerance >= 0");
-    require(t.tols.empty() || (!t.metric.empty() && t.metric != "exact"), fn, file, ": ", where,
-            " has 'tols' but metric '", t.metric, "', expected rel, nmse or abs");
+        w.key("shape").index(i).require(t.shape[i] >= 0, concat("negative extent ", t.shape[i]));
+    if (is_output || !t.metric.empty()) {
+        const JsonPath metric = w.key("metric");
+        if (t.metric.empty()) metric.fail("missing (expected exact, rel, nmse or abs: every output has a metric)");
+        metric.require(is_golden_metric(t.metric),
+                       "unknown metric '" + t.metric + "', expected exact, rel, nmse or abs");
+    }
+    w.key("tol").require(std::isfinite(t.tol) && t.tol >= 0, concat("expected a finite tolerance >= 0, got ", t.tol));
+    if (!t.tols.empty() && (t.metric.empty() || t.metric == "exact"))
+        w.key("tols").fail("per-precision tolerances need metric rel, nmse or abs, got " +
+                           (t.metric.empty() ? std::string("no metric") : "metric '" + t.metric + "'"));
     for (const auto& [p, v] : t.tols) {
-        require(is_golden_precision(p), fn, file, ": ", where, " has a tolerance for precision '", p,
-                "', expected fp64, fp32, fp16 or bf16");
-        require(std::isfinite(v) && v >= 0, fn, file, ": ", where, " has tols.", p, " = ", v,
-                ", expected a finite tolerance >= 0");
+        const JsonPath at = w.key("tols").key(p);
+        at.require(is_golden_precision(p), "unknown precision '" + p + "', expected fp64, fp32, fp16 or bf16");
+        at.require(std::isfinite(v) && v >= 0, concat("expected a finite tolerance >= 0, got ", v));
     }
 }
 
-inline void validate_golden_manifest(const GoldenManifest& m, const char* fn, const std::string& file) {
-    require(!m.algorithm.empty(), fn, file, ": 'algorithm' is empty");
-    require(!m.case_name.empty(), fn, file, ": 'case' is empty");
-    require(!m.generator.empty(), fn, file, ": 'generator' is empty");
-    require(m.params.is_object(), fn, file, ": 'params' is ", json_type_name(m.params), ", expected an object");
-    std::vector<std::string> names, files;
+// Checks a manifest (as read or about to be written); `w` is its top level.
+inline void validate_golden_manifest(const GoldenManifest& m, const JsonPath& w) {
+    w.key("algorithm").require(!m.algorithm.empty(), "expected a non-empty string, got \"\"");
+    w.key("case").require(!m.case_name.empty(), "expected a non-empty string, got \"\"");
+    w.key("generator").require(!m.generator.empty(), "expected a non-empty string, got \"\"");
+    w.key("params").require(m.params.is_object(), "expected an object, got " + json_repr(m.params));
+    std::vector<std::pair<std::string, JsonPath>> names, files;  // (value, where it was first seen)
+    auto once = [](std::vector<std::pair<std::string, JsonPath>>& seen, const std::string& value, const JsonPath& at) {
+        for (const auto& [v, first] : seen)
+            at.require(v != value, "'" + value + "' is used twice (also at " + first.str() + ")");
+        seen.emplace_back(value, at);
+    };
     auto check_list = [&](const std::vector<GoldenTensor>& v, const char* list, bool is_output) {
         for (std::size_t i = 0; i < v.size(); ++i) {
-            const std::string where = concat(list, "[", i, "] ('", v[i].name, "')");
-            validate_golden_tensor(v[i], is_output, where, fn, file);
-            require(std::find(names.begin(), names.end(), v[i].name) == names.end(), fn, file, ": ", where,
-                    ": the name '", v[i].name, "' is used twice");
-            require(std::find(files.begin(), files.end(), v[i].file) == files.end(), fn, file, ": ", where,
-                    ": the file '", v[i].file, "' is used twice");
-            names.push_back(v[i].name);
-            files.push_back(v[i].file);
+            const JsonPath at = w.key(list).index(i);
+            validate_golden_tensor(v[i], is_output, at);
+            once(names, v[i].name, at.key("name"));
+            once(files, v[i].file, at.key("file"));
         }
     };
     check_list(m.inputs, "inputs", false);
     check_list(m.outputs, "outputs", true);
 }
 
-// Typed access to a JSON object with clear errors: missing key, wrong type, unknown key.
-class JsonReader {
-public:
-    JsonReader(const nlohmann::json& j, std::string where, std::string file)
-        : j_(j), where_(std::move(where)), file_(std::move(file)) {
-        require(j.is_object(), "read_manifest", file_, ": ", where_, " is ", json_type_name(j), ", expected an object");
-    }
-    const nlohmann::json* get(const char* key, bool required) {
-        seen_.emplace_back(key);
-        auto it = j_.find(key);
-        if (it == j_.end()) {
-            require(!required, "read_manifest", file_, ": ", where_, " is missing key '", key, "'");
-            return nullptr;
-        }
-        return &*it;
-    }
-    [[noreturn]] void wrong(const char* key, const nlohmann::json& v, const char* expected) const {
-        throw ::vlsparse::error("read_manifest", concat(file_, ": key '", key, "' of ", where_, " is ", json_type_name(v),
-                                                        ", expected ", expected));
-    }
-    void string(const char* key, std::string& out, bool required) {
-        if (const auto* v = get(key, required)) {
-            if (!v->is_string()) wrong(key, *v, "a string");
-            out = v->get<std::string>();
-        }
-    }
-    void number(const char* key, double& out, bool required) {
-        if (const auto* v = get(key, required)) {
-            if (!v->is_number()) wrong(key, *v, "a number");
-            out = v->get<double>();
-        }
-    }
-    void numbers(const char* key, std::map<std::string, double>& out) {
-        if (const auto* v = get(key, false)) {
-            if (!v->is_object()) wrong(key, *v, "an object of numbers");
-            out.clear();
-            for (auto it = v->begin(); it != v->end(); ++it) {
-                if (!it->is_number()) wrong(key, *it, "an object of numbers (a value is not a number)");
-                out[it.key()] = it->get<double>();
-            }
-        }
-    }
-    void shape(const char* key, std::vector<std::int64_t>& out) {
-        const auto* v = get(key, true);
-        if (!v->is_array()) wrong(key, *v, "an array of integers");
-        out.clear();
-        for (const auto& e : *v) {
-            if (!e.is_number_integer()) wrong(key, e, "an array of integers (an element is not an integer)");
-            out.push_back(e.get<std::int64_t>());
-        }
-    }
-    // Every key of the object must have been asked for.
-    void no_unknown_keys() const {
-        for (auto it = j_.begin(); it != j_.end(); ++it)
-            require(std::find(seen_.begin(), seen_.end(), it.key()) != seen_.end(), "read_manifest", file_, ": ", where_,
-                    " has unknown key '", it.key(), "'");
-    }
-
-private:
-    const nlohmann::json& j_;
-    std::string where_, file_;
-    std::vector<std::string> seen_;
-};
-
-inline GoldenTensor golden_tensor_from_json(const nlohmann::json& j, const std::string& where, const std::string& file) {
+// One tensor entry of a manifest, read strictly (io/json.hpp): known keys only, each of its type.
+// "tol" needs a "metric"; a metric other than "exact" needs a "tol". Validated with the manifest.
+inline GoldenTensor golden_tensor_from_json(const nlohmann::json& j, const JsonPath& w) {
+    check_object_keys(j, w, {"name", "file", "dtype", "shape", "metric", "tol", "tols", "description"});
     GoldenTensor t;
-    JsonReader r(j, where, file);
-    r.string("name", t.name, true);
-    r.string("file", t.file, true);
-    r.string("dtype", t.dtype, true);
-    r.shape("shape", t.shape);
-    r.string("metric", t.metric, false);
-    const bool has_tol = r.get("tol", false) != nullptr;
-    r.number("tol", t.tol, false);
-    r.numbers("tols", t.tols);
-    r.string("description", t.description, false);
-    r.no_unknown_keys();
-    require(!has_tol || !t.metric.empty(), "read_manifest", file, ": ", where, " has 'tol' but no 'metric'");
-    require(has_tol || t.metric.empty() || t.metric == "exact", "read_manifest", file, ": ", where, " has metric '",
-            t.metric, "' but no 'tol'");
+    t.name = read_string(j, "name", w);
+    t.file = read_string(j, "file", w);
+    t.dtype = read_string(j, "dtype", w);
+    const nlohmann::json* shape = find_key(j, "shape");
+    if (!shape) w.key("shape").fail("missing (expected an array of integers)");
+    read_json_value(*shape, t.shape, w.key("shape"));
+    t.metric = read_string(j, "metric", w, std::string());
+    const nlohmann::json* tol = find_key(j, "tol");
+    if (tol) read_json_value(*tol, t.tol, w.key("tol"));
+    if (const nlohmann::json* tols = find_key(j, "tols")) read_json_value(*tols, t.tols, w.key("tols"));
+    t.description = read_string(j, "description", w, std::string());
+    if (tol && t.metric.empty()) w.key("tol").fail("given without a 'metric'");
+    if (!tol && !t.metric.empty() && t.metric != "exact")
+        w.key("tol").fail("missing (expected a number: metric '" + t.metric + "' needs a tolerance)");
     return t;
 }
 
@@ -224,7 +169,8 @@ inline nlohmann::ordered_json golden_tensor_to_json(const GoldenTensor& t) {
 
 // Reads and validates dir/manifest.json. Throws vlsparse::error on a missing file, invalid JSON, a
 // missing key, a value of the wrong type, an unknown key, an unknown dtype or metric, a missing tol
-// for rel/abs/nmse, duplicate names or files.
+// for rel/abs/nmse, duplicate names or files; each message names the file and the JSON path, e.g.
+//   read_manifest: golden/x/manifest.json: outputs[2].tol: expected a number, got "x"
 inline GoldenManifest read_manifest(const std::filesystem::path& dir) {
     constexpr const char* fn = "read_manifest";
     const auto path = dir / "manifest.json";
@@ -239,29 +185,33 @@ inline GoldenManifest read_manifest(const std::filesystem::path& dir) {
     } catch (const nlohmann::json::exception& e) {
         throw error(fn, detail::concat(file, ": invalid JSON: ", e.what()));
     }
+    const JsonPath root{file, "", fn};
+    check_object_keys(j, root, {"algorithm", "case", "generator", "note", "layout", "params", "inputs", "outputs"});
     GoldenManifest m;
-    detail::JsonReader r(j, "the manifest", file);
-    r.string("algorithm", m.algorithm, true);
-    r.string("case", m.case_name, true);
-    r.string("generator", m.generator, true);
-    r.string("note", m.note, false);
-    r.string("layout", m.layout, false);
-    m.params = *r.get("params", true);
+    m.algorithm = read_string(j, "algorithm", root);
+    m.case_name = read_string(j, "case", root);
+    m.generator = read_string(j, "generator", root);
+    m.note = read_string(j, "note", root, m.note);
+    m.layout = read_string(j, "layout", root, m.layout);
+    const nlohmann::json* params = find_key(j, "params");
+    if (!params) root.key("params").fail("missing (expected an object)");
+    m.params = *params;
     for (const char* list : {"inputs", "outputs"}) {
-        const auto* v = r.get(list, true);
-        if (!v->is_array()) r.wrong(list, *v, "an array of tensor entries");
+        const JsonPath at = root.key(list);
+        const nlohmann::json* v = find_key(j, list);
+        if (!v) at.fail("missing (expected an array of tensor entries)");
+        if (!v->is_array()) at.fail("expected an array of tensor entries, got " + json_repr(*v));
         auto& out = std::string_view(list) == "inputs" ? m.inputs : m.outputs;
         for (std::size_t i = 0; i < v->size(); ++i)
-            out.push_back(detail::golden_tensor_from_json((*v)[i], detail::concat(list, "[", i, "]"), file));
+            out.push_back(detail::golden_tensor_from_json((*v)[i], at.index(i)));
     }
-    r.no_unknown_keys();
-    detail::validate_golden_manifest(m, fn, file);
+    detail::validate_golden_manifest(m, root);
     return m;
 }
 
 // The manifest as pretty-printed JSON (two-space indent, keys in a fixed order; params keys sorted).
 inline std::string manifest_json(const GoldenManifest& m) {
-    detail::validate_golden_manifest(m, "write_manifest", "manifest.json");
+    detail::validate_golden_manifest(m, JsonPath{"manifest.json", "", "write_manifest"});
     nlohmann::ordered_json j;
     j["algorithm"] = m.algorithm;
     j["case"] = m.case_name;
@@ -299,7 +249,7 @@ inline void write_golden_tensor(const std::filesystem::path& dir, GoldenTensor& 
     if (t.file.empty()) t.file = t.name + ".npy";
     t.dtype = std::string(dtype);
     t.shape = a.shape;
-    validate_golden_tensor(t, false, "tensor '" + t.name + "'", fn, (dir / t.file).string());
+    validate_golden_tensor(t, false, JsonPath{(dir / t.file).string(), "", fn});
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     write_npy(dir / t.file, a);

@@ -29,6 +29,13 @@ struct CompareResult {
     // multi-index, expected, got); on a shape mismatch, both shapes.
     std::string detail;
     double value = 0;  // the metric's value (exact: the number of differing elements)
+    // On a failure with equal shapes, the element that decides it: exact, the first unequal one; rel
+    // and abs, the first over the per-element limit (tol, or tol * max|expected|); nmse, the first
+    // nonzero difference. first = its flat index (-1: none), diff = |got - expected| (inf when one
+    // side is not finite and they differ).
+    std::int64_t first = -1;
+    double expected = std::numeric_limits<double>::quiet_NaN(), got = std::numeric_limits<double>::quiet_NaN(),
+           diff = std::numeric_limits<double>::quiet_NaN();
 };
 
 namespace detail {
@@ -132,6 +139,21 @@ inline CompareResult compare(const GoldenTensor& spec, const NpyArray& expected,
         return where(i) + ": expected " + detail::fmt_num(expected.at_double(i, u2)) + ", got " +
                detail::fmt_num(got.at_double(i, u2));
     };
+    // diff(i) = |got - expected|, inf for an unmatched non-finite.
+    const double inf = std::numeric_limits<double>::infinity();
+    auto diff = [&](std::size_t i) {
+        const double a = got.at_double(i, u2), b = expected.at_double(i, u2);
+        if (a == b) return 0.0;
+        if (!std::isfinite(a) || !std::isfinite(b)) return inf;
+        return std::fabs(a - b);
+    };
+    auto note_first = [&](std::size_t i) {
+        r.first = static_cast<std::int64_t>(i);
+        r.expected = expected.at_double(i, u2);
+        r.got = got.at_double(i, u2);
+        r.diff = diff(i);
+        return elem(i) + " (|diff| = " + detail::fmt_num(r.diff) + ")";
+    };
 
     if (m == "exact") {
         std::size_t diffs = 0, first = n;
@@ -144,18 +166,11 @@ inline CompareResult compare(const GoldenTensor& spec, const NpyArray& expected,
         r.pass = diffs == 0;
         r.detail = r.pass ? "exact: all " + std::to_string(n) + " elements equal"
                           : "exact: " + std::to_string(diffs) + " of " + std::to_string(n) +
-                                " elements differ; first difference at " + elem(first);
+                                " elements differ; first difference at " + note_first(first);
         return r;
     }
 
-    // rel / abs / nmse over b = expected. diff(i) = |got - expected|, inf for an unmatched non-finite.
-    const double inf = std::numeric_limits<double>::infinity();
-    auto diff = [&](std::size_t i) {
-        const double a = got.at_double(i, u2), b = expected.at_double(i, u2);
-        if (a == b) return 0.0;
-        if (!std::isfinite(a) || !std::isfinite(b)) return inf;
-        return std::fabs(a - b);
-    };
+    // rel / abs / nmse over b = expected.
     double max_diff = 0, max_ref = 0, sq_diff = 0, sq_ref = 0;
     std::size_t first_diff = n;
     for (std::size_t i = 0; i < n; ++i) {
@@ -195,7 +210,7 @@ inline CompareResult compare(const GoldenTensor& spec, const NpyArray& expected,
                 }
         if (first < n)
             r.detail += std::string(m == "nmse" ? "; first difference at " : "; first element over tolerance at ") +
-                        elem(first) + " (|diff| = " + detail::fmt_num(diff(first)) + ")";
+                        note_first(first);
     }
     return r;
 }

@@ -12,6 +12,8 @@
 //   check_object_keys(j, w, {"tau", "grouping"});      // j must be an object with only these keys
 //   read_json_value(j["tau"], P.tau, w.key("tau"));    // a number that fits P.tau's type
 //   read_json_value(j["grouping"], P.grouping, w.key("grouping"));  // an enum, by its name table
+//   read_json_value(j["tols"], tols, w.key("tols"));   // a std::vector (array) or std::map<std::string, T>
+//                                                      // (object): each element read as above
 // A Params struct lists its fields once (json_fields, below); fields_to_json / fields_from_json write
 // and read all of them: that is how every algorithm's to_json and *_params_from_json are made.
 //
@@ -23,6 +25,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -208,6 +211,16 @@ void read_json_value(const nlohmann::json& v, std::vector<T>& out, const JsonPat
     if (!v.is_array()) at.fail("expected an array, got " + json_repr(v));
     std::vector<T> r(v.size());
     for (std::size_t i = 0; i < v.size(); ++i) read_json_value(v[i], r[i], at.index(i));
+    out = std::move(r);
+}
+
+// An object, each value read as above (errors name the value, "key.name"): e.g. {"fp64": 1e-12} as a
+// std::map<std::string, double>.
+template <class T>
+void read_json_value(const nlohmann::json& v, std::map<std::string, T>& out, const JsonPath& at) {
+    if (!v.is_object()) at.fail("expected an object, got " + json_repr(v));
+    std::map<std::string, T> r;
+    for (auto it = v.begin(); it != v.end(); ++it) read_json_value(it.value(), r[it.key()], at.key(it.key()));
     out = std::move(r);
 }
 

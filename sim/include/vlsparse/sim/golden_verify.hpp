@@ -66,40 +66,6 @@ struct GoldenVerifyResult {
 
 namespace detail {
 
-// The first element that decides the verdict: exact -> first unequal; rel/abs -> first over the
-// per-element limit; nmse -> first nonzero difference.
-inline void first_difference(const GoldenTensor& spec, const NpyArray& exp, const NpyArray& got, GoldenOutputCheck& c) {
-    if (exp.shape != got.shape) return;
-    const U2As u2 = spec.dtype == "bf16" ? U2As::bfloat16 : U2As::uint16;
-    const auto n = static_cast<std::size_t>(exp.numel());
-    double limit = 0.0;
-    if (spec.metric == "abs") limit = spec.tol;
-    if (spec.metric == "rel") {
-        double mx = 0.0;
-        for (std::size_t i = 0; i < n; ++i)
-            if (std::isfinite(exp.at_double(i, u2))) mx = std::max(mx, std::fabs(exp.at_double(i, u2)));
-        limit = spec.tol * mx;
-    }
-    for (std::size_t i = 0; i < n; ++i) {
-        const double a = got.at_double(i, u2), b = exp.at_double(i, u2);
-        bool hit;
-        if (spec.metric == "exact") {
-            hit = !::vlsparse::detail::exact_equal(::vlsparse::detail::exact_elem(exp, i, u2),
-                                                   ::vlsparse::detail::exact_elem(got, i, u2));
-        } else {
-            const double d = a == b ? 0.0 : (!std::isfinite(a) || !std::isfinite(b)) ? INFINITY : std::fabs(a - b);
-            hit = spec.metric == "nmse" ? d != 0.0 : d > limit;
-        }
-        if (hit) {
-            c.first = static_cast<std::int64_t>(i);
-            c.expected = b;
-            c.got = a;
-            c.diff = a == b ? 0.0 : std::fabs(a - b);
-            return;
-        }
-    }
-}
-
 // The check of one manifest output before anything is compared: its name, file and metric.
 inline GoldenOutputCheck output_check_of(const GoldenTensor& spec) {
     GoldenOutputCheck c;
@@ -121,10 +87,10 @@ inline void compare_output(const std::filesystem::path& golden_case, const Golde
     c.pass = r.pass;
     c.value = r.value;
     c.detail = r.detail;
-    if (!r.pass) {
-        first_difference(bar, expected, got, c);
-        if (spec.metric == "exact" && c.first >= 0) c.detail += " (|diff| = " + ::vlsparse::detail::fmt_num(c.diff) + ")";
-    }
+    c.first = r.first;
+    c.expected = r.expected;
+    c.got = r.got;
+    c.diff = r.diff;
 }
 
 inline GoldenCaseCheck verify_case(const std::filesystem::path& port, const std::filesystem::path& golden_case,
@@ -222,10 +188,10 @@ inline GoldenVerifyResult golden_verify(const std::filesystem::path& port, const
                                         const std::string& precision = "fp32") {
     namespace fs = std::filesystem;
     constexpr const char* fn = "golden verify";
-    ::vlsparse::detail::require(is_golden_precision(precision), fn, "precision '", precision,
+    ::vlsparse::require(is_golden_precision(precision), fn, "precision '", precision,
                                 "', expected fp64, fp32, fp16 or bf16");
-    ::vlsparse::detail::require(fs::is_directory(port), fn, "'", port.string(), "' is not a folder");
-    ::vlsparse::detail::require(fs::is_directory(golden_root), fn, "the golden folder '", golden_root.string(),
+    ::vlsparse::require(fs::is_directory(port), fn, "'", port.string(), "' is not a folder");
+    ::vlsparse::require(fs::is_directory(golden_root), fn, "the golden folder '", golden_root.string(),
                                 "' does not exist (pass --golden DIR or set VLSPARSE_GOLDEN_DIR)");
     GoldenVerifyResult res;
     if (fs::exists(golden_root / "manifest.json")) {  // --golden golden/<algorithm>/<case>
@@ -309,7 +275,7 @@ inline GoldenVerifyResult golden_verify(const std::filesystem::path& port, const
         for (const auto& s : subs) walk(s, depth + 1);
     };
     walk(port, 0);
-    ::vlsparse::detail::require(!res.cases.empty(), fn, "'", port.string(),
+    ::vlsparse::require(!res.cases.empty(), fn, "'", port.string(),
                                 "' holds no case: expected .npy outputs (and optionally manifest.json) in it, or "
                                 "<case>/ or <algorithm>/<case>/ folders");
     return res;
