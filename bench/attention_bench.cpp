@@ -159,7 +159,7 @@ int main(int argc, char** argv) {
     std::printf("dense causal attention, fp32, H=%lld H_kv=%lld d=%lld, threads=%d, SIMD arch %s, "
                 "q_block=%lld k_chunk=%lld, median of %d runs after 1 warm-up\n",
                 static_cast<long long>(a.H), static_cast<long long>(a.Hkv), static_cast<long long>(a.d), threads,
-                vlsparse::detail::native_arch::name(), static_cast<long long>(blocking.q_block),
+                vlsparse::simd::native_arch::name(), static_cast<long long>(blocking.q_block),
                 static_cast<long long>(blocking.k_chunk), a.reps);
     std::printf("reference: timed on the last %lld query rows of every head (all keys visible to them), "
                 "full-run time extrapolated by causal FLOPs\n",

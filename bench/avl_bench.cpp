@@ -163,7 +163,7 @@ int main(int argc, char** argv) {
     for (auto& x : g_flush) x = 1.0f;
     const double bw = read_bandwidth();
     std::printf("avl_bench: H=32 H_kv=8 d=128, %d thread(s), %s; measured read bandwidth %.1f GB/s\n", threads,
-                simd::detail::native_arch::name(), bw / 1e9);
+                simd::native_arch::name(), bw / 1e9);
     run<float>("fp32", n, frac, reps, bw);
     run<bfloat16>("bf16", n, frac, reps, bw);
     if (g_sink == 12345.0f) std::puts("");

@@ -46,13 +46,13 @@ namespace vlsparse::sim {
 namespace {
 
 using ::vlsparse::cuda::DeviceArray;
-using ::vlsparse::cuda::detail::check_cuda;
-using ::vlsparse::detail::require;
+using ::vlsparse::cuda::check_cuda;
+using ::vlsparse::require;
 
 constexpr const char* kFn = "vlsparse-sim (cuda)";
 
 void check(cudaError_t e, const char* what) { check_cuda(e, kFn, what); }
-void check_launch(const char* kernel) { ::vlsparse::cuda::detail::check_launch(kFn, kernel); }
+void check_launch(const char* kernel) { ::vlsparse::cuda::check_launch(kFn, kernel); }
 
 // A device array that grows to the largest request and is kept.
 template <class T>
@@ -67,7 +67,7 @@ struct Buf {
 __global__ void to_bf16_kernel(const float* __restrict__ in, bfloat16* __restrict__ out, long long n) {
     for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<long long>(gridDim.x) * blockDim.x)
-        ::vlsparse::cuda::detail::store_f(out + i, in[i]);
+        out[i] = ::vlsparse::from_float<bfloat16>(in[i]);
 }
 
 // dst[pos[i]] = src[i], rows of `row` elements.

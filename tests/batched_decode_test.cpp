@@ -293,7 +293,7 @@ void compare_simd(const Case<T>& c, const Storage<T>& s, const std::string& what
     }
     // The always-compiled scalar instruction set meets the same bar.
     std::vector<TO> o_sc(n_out);
-    simd::batched_decode_attention<T, T, TO, vlsparse::detail::scalar_arch>(c.qv(), s.view, c.lists(), c.meta(),
+    simd::batched_decode_attention<T, T, TO, vlsparse::simd::scalar_arch>(c.qv(), s.view, c.lists(), c.meta(),
                                                                             View3<TO>(o_sc.data(), {tq, H, d}));
     REQUIRE(vt::nmse(o_sc, o_r) <= out_nmse_tol<TO>());
     // Tiny chunks: lists cross chunk boundaries (and query tokens see none of some chunks), merged exactly.

@@ -52,7 +52,7 @@ void compare_indexed(const KvCache<T>& cache, const CacheRows& rows, std::int64_
     REQUIRE(o_s2 == o_s);  // the probabilities do not change the output
     // The always-compiled scalar instruction set meets the same bar.
     std::vector<float> o_sc(o_s.size());
-    simd::indexed_decode_attention<T, T, float, vlsparse::detail::scalar_arch>(qv, cache, rows,
+    simd::indexed_decode_attention<T, T, float, vlsparse::simd::scalar_arch>(qv, cache, rows,
                                                                              View2<float>(o_sc.data(), {H, d}));
     REQUIRE(vt::nmse(o_sc, o_r) <= vt::kSimdVsReference.attention_nmse);
     double pmax = 0.0;

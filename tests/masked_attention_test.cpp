@@ -49,7 +49,7 @@ TEST_CASE("masked attention: simd vs reference vs dense attention over the expan
             std::vector<float> simd_out(ref.size()), scal(ref.size());
             reference::masked_attention(in.qv(), in.kv(), in.vv(), c, heads, View3<double>(ref.data(), {n, s.H, s.d}));
             simd::masked_attention(in.qv(), in.kv(), in.vv(), bm, View3<float>(simd_out.data(), {n, s.H, s.d}));
-            simd::masked_attention<T, T, float, simd::detail::scalar_arch>(in.qv(), in.kv(), in.vv(), bm,
+            simd::masked_attention<T, T, float, simd::scalar_arch>(in.qv(), in.kv(), in.vv(), bm,
                                                                           View3<float>(scal.data(), {n, s.H, s.d}));
             const auto oracle = vt::attention_over_mask(in, expand_block_mask(bm));
             INFO("nmse ref vs oracle " << vt::nmse(ref, oracle));
@@ -169,7 +169,7 @@ TEST_CASE("masked attention: reference and simd over one BlockMask, shapes, dtyp
             reference::masked_attention(in.qv(), in.kv(), in.vv(), c, heads, View3<double>(ref_ctx.data(), {n, H, d}));
             REQUIRE(ref == ref_ctx);  // the BlockMask form is the pairs of its context and templates
             simd::masked_attention(in.qv(), in.kv(), in.vv(), bm, View3<float>(simd_out.data(), {n, H, d}));
-            simd::masked_attention<T, T, float, simd::detail::scalar_arch>(in.qv(), in.kv(), in.vv(), bm,
+            simd::masked_attention<T, T, float, simd::scalar_arch>(in.qv(), in.kv(), in.vv(), bm,
                                                                           View3<float>(scal.data(), {n, H, d}));
             REQUIRE(vt::max_abs_diff(ref, std::vector<double>(size, 0.0)) > 0.0);  // not all zero
             REQUIRE(vt::nmse(ref, vt::attention_over_mask(in, expand_block_mask(bm))) <= 1e-24);

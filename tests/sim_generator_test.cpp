@@ -385,7 +385,7 @@ TEST_CASE("synthetic: the head mix follows the layer's diffuse share and the kin
     P.head_kinds.assign(8, HeadKind::local);
     CHECK(vlsparse::sim::synthetic_layer(l, P, 0).head_kind == P.head_kinds);
     CHECK(vlsparse::sim::parse_head_kind("document") == HeadKind::document);
-    for (auto k : vlsparse::sim::kHeadKinds) CHECK(vlsparse::sim::parse_head_kind(vlsparse::sim::head_kind_name(k)) == k);
+    for (auto k : vlsparse::sim::kHeadKinds) CHECK(vlsparse::sim::parse_head_kind(vlsparse::sim::to_string(k)) == k);
 }
 
 TEST_CASE("synthetic: same seed gives identical bytes, another seed other bytes", "[sim][generator]") {

@@ -258,7 +258,7 @@ float check_batched_decode(const View3<const TQ>& q, const KvBatchView<const TC>
 // as in vlsparse/kv/kv_batch.hpp (lists.indptr null: dense decode). Same checks as the reference;
 // opt.check_finite off skips only the NaN/Inf scan of q and the listed rows before the step and the
 // scan of fp16 / bf16 outputs for values the narrowing turned into inf after it.
-template <ElementType TQ, ElementType TC, OutputElement TO, class Arch = detail::native_arch>
+template <ElementType TQ, ElementType TC, OutputElement TO, class Arch = native_arch>
 void batched_decode_attention(View3<const TQ> q, const KvBatchView<const TC>& cache, const BatchRowLists& lists,
                               const DecodeBatchHost& meta, View3<TO> out, const AttentionOptions& opt = {}) {
     constexpr const char* fn = "simd::batched_decode_attention";
@@ -271,7 +271,7 @@ void batched_decode_attention(View3<const TQ> q, const KvBatchView<const TC>& ca
 // order; lists must not be dense), probs[e] = sum over the sequence's query tokens i of the mean over
 // the heads reading the list of P_{i,h}(row), 0 where the row is after query i (see
 // reference::batched_decode_attention). Accumulated in fp32.
-template <ElementType TQ, ElementType TC, OutputElement TO, detail::ProbElement TP, class Arch = detail::native_arch>
+template <ElementType TQ, ElementType TC, OutputElement TO, detail::ProbElement TP, class Arch = native_arch>
 void batched_decode_attention(View3<const TQ> q, const KvBatchView<const TC>& cache, const BatchRowLists& lists,
                               const DecodeBatchHost& meta, View3<TO> out, std::span<TP> probs,
                               const AttentionOptions& opt = {}) {

@@ -39,7 +39,7 @@ void run_decode(const View2<const TQ>& q, const KvCache<TC>& cache, const View2<
 
 // One decode step: q [H, d] (the newest token, whose K/V the caller has already appended) attends to
 // every row the cache holds for its KV head. out [H, d].
-template <ElementType TQ, ElementType TC, OutputElement TO, class Arch = detail::native_arch>
+template <ElementType TQ, ElementType TC, OutputElement TO, class Arch = native_arch>
 void decode_attention(View2<const TQ> q, const KvCache<TC>& cache, View2<TO> out, const AttentionOptions& opt = {}) {
     constexpr const char* fn = "simd::decode_attention";
     detail::check_strides(q, fn, "q", false);
@@ -75,7 +75,7 @@ void decode_attention(View2<const TQ> q, const KvCache<TC>& cache, View2<TO> out
 // The same step over an engine's own cache: a batch-of-one KvBatchView (host memory; every KV head
 // holds cache.seq_lens[0] rows), read in place. Same results as the KvCache overload holding the same
 // rows, bit for bit.
-template <ElementType TQ, ElementType TC, OutputElement TO, class Arch = detail::native_arch>
+template <ElementType TQ, ElementType TC, OutputElement TO, class Arch = native_arch>
 void decode_attention(View2<const TQ> q, const KvBatchView<const TC>& cache, View2<TO> out,
                       const AttentionOptions& opt = {}) {
     constexpr const char* fn = "simd::decode_attention";

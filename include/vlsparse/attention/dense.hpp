@@ -8,8 +8,8 @@
 // keys with an online (running max) softmax, so the scratch stays in cache for any sequence length.
 // With OpenMP (consumer compiles with -fopenmp) the (query head, query block) pairs run in parallel;
 // Eigen's own threading does not nest (it runs single-threaded inside the parallel region). The
-// instruction set is the one the consumer's flags allow (detail::native_arch); a trailing template
-// argument (detail::scalar_arch) selects the always-compiled scalar kernels instead.
+// instruction set is the one the consumer's flags allow (simd::native_arch); a trailing template
+// argument (simd::scalar_arch) selects the always-compiled scalar kernels instead.
 // A row whose fp32 scores or output overflow (possible only with finite inputs near the float range)
 // is recomputed in double, so no input gives a silently wrong answer.
 //
@@ -30,8 +30,8 @@ namespace vlsparse::simd {
 
 // Dense causal attention. q [n_q, H, d], k, v [n_k, H_kv, d], out [n_q, H, d]; n_q <= n_k.
 // Query i sits at position n_k - n_q + i. `Arch` picks the instruction set of the softmax kernels
-// (default: what the consumer's flags allow; detail::scalar_arch forces the scalar kernels).
-template <ElementType TQ, ElementType TK, OutputElement TO, class Arch = detail::native_arch>
+// (default: what the consumer's flags allow; simd::scalar_arch forces the scalar kernels).
+template <ElementType TQ, ElementType TK, OutputElement TO, class Arch = native_arch>
 void dense_attention(View3<const TQ> q, View3<const TK> k, View3<const TK> v, View3<TO> out,
                      const AttentionOptions& opt = {}) {
     constexpr const char* fn = "simd::dense_attention";

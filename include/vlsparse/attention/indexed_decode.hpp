@@ -285,7 +285,7 @@ void indexed_decode(const View2<const TQ>& q, const Cache& cache, const CacheRow
 
 // One decode step reading only the listed cache rows. q [H, d], out [H, d]; rows: 1 or H_kv lists of
 // cache rows (sorted, unique, non-empty).
-template <ElementType TQ, ElementType TC, OutputElement TO, class Arch = detail::native_arch>
+template <ElementType TQ, ElementType TC, OutputElement TO, class Arch = native_arch>
 void indexed_decode_attention(View2<const TQ> q, const KvCache<TC>& cache, const CacheRows& rows, View2<TO> out,
                               const AttentionOptions& opt = {}) {
     detail::indexed_decode<Arch>(q, cache, rows, out, nullptr, opt, "simd::indexed_decode_attention");
@@ -293,7 +293,7 @@ void indexed_decode_attention(View2<const TQ> q, const KvCache<TC>& cache, const
 
 // Same, also writing the probabilities: probs [H, L] fp32, contiguous, L the longest list; probs[h, t]
 // is the probability of the t-th listed row of head h's KV group, 0 beyond the end of its list.
-template <ElementType TQ, ElementType TC, OutputElement TO, class Arch = detail::native_arch>
+template <ElementType TQ, ElementType TC, OutputElement TO, class Arch = native_arch>
 void indexed_decode_attention(View2<const TQ> q, const KvCache<TC>& cache, const CacheRows& rows, View2<TO> out,
                               View2<float> probs, const AttentionOptions& opt = {}) {
     detail::indexed_decode<Arch>(q, cache, rows, out, &probs, opt, "simd::indexed_decode_attention");
@@ -302,14 +302,14 @@ void indexed_decode_attention(View2<const TQ> q, const KvCache<TC>& cache, const
 // The same step over an engine's own cache: a batch-of-one KvBatchView (vlsparse/kv/kv_batch.hpp:
 // contiguous, NHD or HND pages; host memory, cache.seq_lens[0] rows in every KV head), read in place.
 // Same results as the KvCache overload holding the same rows, bit for bit.
-template <ElementType TQ, ElementType TC, OutputElement TO, class Arch = detail::native_arch>
+template <ElementType TQ, ElementType TC, OutputElement TO, class Arch = native_arch>
 void indexed_decode_attention(View2<const TQ> q, const KvBatchView<const TC>& cache, const CacheRows& rows,
                               View2<TO> out, const AttentionOptions& opt = {}) {
     detail::indexed_decode<Arch>(q, cache, rows, out, nullptr, opt, "simd::indexed_decode_attention");
 }
 
 // Same, with the probabilities [H, L] of the KvCache overload.
-template <ElementType TQ, ElementType TC, OutputElement TO, class Arch = detail::native_arch>
+template <ElementType TQ, ElementType TC, OutputElement TO, class Arch = native_arch>
 void indexed_decode_attention(View2<const TQ> q, const KvBatchView<const TC>& cache, const CacheRows& rows,
                               View2<TO> out, View2<float> probs, const AttentionOptions& opt = {}) {
     detail::indexed_decode<Arch>(q, cache, rows, out, &probs, opt, "simd::indexed_decode_attention");

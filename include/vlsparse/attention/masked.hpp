@@ -42,21 +42,8 @@ VLSPARSE_GCC12_AVX512_DIAGNOSTICS_BEGIN
 #include <emmintrin.h>
 #endif
 
+// detail::check_masked_args (masks/block_mask.hpp): the checks every backend runs first.
 namespace vlsparse {
-namespace detail {
-
-template <class TQ, class TK, class TO>
-void check_masked_args(const View3<const TQ>& q, const View3<const TK>& k, const View3<const TK>& v,
-                       const BlockMask& bm, const View3<TO>& out, const char* fn) {
-    check_qkv(q, k, v, fn);
-    const std::int64_t n = q.shape[0], H = q.shape[1], d = q.shape[2];
-    require(k.shape[0] == n, fn, "q has ", n, " tokens and k has ", k.shape[0], ", expected equal (masked prefill)");
-    check_block_mask(bm, n, H, fn);
-    check_out3(out, {n, H, d}, q, k, v, fn, "out");
-}
-
-}  // namespace detail
-
 namespace simd {
 namespace detail {
 
@@ -384,7 +371,7 @@ void run_masked_attention(const View3<const TQ>& q, const View3<const TK>& k, co
 
 // Block-masked prefill attention. q [n, H, d], k, v [n, H_kv, d], out [n, H, d]; mask.n == n and
 // mask.heads == H (one template per query head; GQA heads share the packed K/V of their group).
-template <ElementType TQ, ElementType TK, OutputElement TO, class Arch = detail::native_arch>
+template <ElementType TQ, ElementType TK, OutputElement TO, class Arch = native_arch>
 void masked_attention(View3<const TQ> q, View3<const TK> k, View3<const TK> v, const BlockMask& mask, View3<TO> out,
                       const AttentionOptions& opt = {}) {
     constexpr const char* fn = "simd::masked_attention";

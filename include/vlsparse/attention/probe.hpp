@@ -98,7 +98,7 @@ void run_probe(const View3<const TQ>& q, const View3<const TK>& k, std::span<con
 // Attention probabilities of selected query rows ("probes") against every earlier key.
 // q [n_q, H, d], k [n_k, H_kv, d], probs [H, P, n_k] with P = rows.size(); rows sorted ascending
 // without duplicates, each in [0, n_q).
-template <ElementType TQ, ElementType TK, OutputElement TO, class Arch = detail::native_arch>
+template <ElementType TQ, ElementType TK, OutputElement TO, class Arch = native_arch>
 void probe_attention(View3<const TQ> q, View3<const TK> k, std::span<const std::int64_t> rows, View3<TO> probs,
                      const AttentionOptions& opt = {}) {
     constexpr const char* fn = "simd::probe_attention";

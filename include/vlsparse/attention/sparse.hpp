@@ -17,7 +17,7 @@ namespace vlsparse::simd {
 
 // Token-sparse attention over a TokenSelection (prefill, n_q == n_k == sel.n). q [n, H, d],
 // k, v [n, H_kv, d], out [n, H, d].
-template <ElementType TQ, ElementType TK, OutputElement TO, class Arch = detail::native_arch>
+template <ElementType TQ, ElementType TK, OutputElement TO, class Arch = native_arch>
 void sparse_attention(View3<const TQ> q, View3<const TK> k, View3<const TK> v, const TokenSelection& sel,
                       View3<TO> out, UnselectedRows unselected = UnselectedRows::zero,
                       const AttentionOptions& opt = {}) {

@@ -6,21 +6,23 @@
 
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <string_view>
 #include <type_traits>
 
 #include "vlsparse/core/config.hpp"
+#include "vlsparse/core/enum_names.hpp"
 
 namespace vlsparse {
 
 enum class DType : std::uint8_t { f32, f16, bf16 };
 
-constexpr std::string_view dtype_name(DType t) {
-    return t == DType::f32 ? "fp32" : t == DType::f16 ? "fp16" : "bf16";
-}
+inline constexpr EnumName<DType> kDTypeNames[] = {{DType::f32, "fp32"}, {DType::f16, "fp16"}, {DType::bf16, "bf16"}};
+constexpr std::span<const EnumName<DType>> enum_names(DType) { return kDTypeNames; }
+constexpr std::string_view dtype_name(DType t) { return enum_name(t); }
 constexpr std::size_t dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
 
-namespace detail {
+// The bits of an fp32 value, and the fp32 value of 32 bits (no conversion: a copy).
 VLSPARSE_HD inline std::uint32_t float_bits(float f) {
     std::uint32_t u;
     std::memcpy(&u, &f, 4);
@@ -31,6 +33,9 @@ VLSPARSE_HD inline float bits_float(std::uint32_t u) {
     std::memcpy(&f, &u, 4);
     return f;
 }
+namespace detail {
+using ::vlsparse::bits_float;
+using ::vlsparse::float_bits;
 }  // namespace detail
 
 // IEEE 754 binary16 storage.

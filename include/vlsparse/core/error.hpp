@@ -1,6 +1,9 @@
-// vlsparse/core/error.hpp -- the one exception type thrown by host code.
+// vlsparse/core/error.hpp -- the one exception type thrown by host code, and the two helpers that
+// build every message (public, so that an engine's adapters and the simulator raise the same errors).
 // Every message names the function, the offending value and what was expected, e.g.
 //   "zipvl_select: tau = 1.5, expected 0 < tau <= 1".
+//   require(ok, fn, parts...)   throws error(fn, concat(parts...)) when ok is false
+//   concat(parts...)            the parts written one after the other (operator<<)
 // Include: <vlsparse/vlsparse.hpp>
 #pragma once
 
@@ -22,8 +25,6 @@ private:
     std::string function_;
 };
 
-namespace detail {
-
 template <class... Args>
 std::string concat(const Args&... args) {
     std::ostringstream os;
@@ -41,5 +42,8 @@ inline void require(bool ok, const char* fn, const Args&... args) {
     if (!ok) throw ::vlsparse::error(fn, concat(args...));
 }
 
+namespace detail {  // the library's own code spells them detail::require / detail::concat
+using ::vlsparse::concat;
+using ::vlsparse::require;
 }  // namespace detail
 }  // namespace vlsparse

@@ -24,15 +24,17 @@
 #include <tuple>
 #include <vector>
 
+#include "vlsparse/core/enum_names.hpp"
 #include "vlsparse/core/error.hpp"
 
 namespace vlsparse {
 
 enum class SegmentKind : std::uint8_t { text, image, video };
 
-constexpr std::string_view segment_kind_name(SegmentKind k) {
-    return k == SegmentKind::text ? "text" : k == SegmentKind::image ? "image" : "video";
-}
+inline constexpr EnumName<SegmentKind> kSegmentKindNames[] = {
+    {SegmentKind::text, "text"}, {SegmentKind::image, "image"}, {SegmentKind::video, "video"}};
+constexpr std::span<const EnumName<SegmentKind>> enum_names(SegmentKind) { return kSegmentKindNames; }
+constexpr std::string_view to_string(SegmentKind k) { return enum_name(k); }
 
 struct Segment {
     SegmentKind kind = SegmentKind::text;
@@ -136,7 +138,7 @@ inline void Layout::validate() const {
     std::int64_t expect = 0;
     for (std::size_t i = 0; i < segs_.size(); ++i) {
         const Segment& s = segs_[i];
-        const auto kind = segment_kind_name(s.kind);
+        const auto kind = enum_name(s.kind);
         detail::require(s.length > 0, fn, "segment ", i, " (", kind, ") has length ", s.length, ", expected > 0");
         detail::require(s.length <= std::numeric_limits<std::int64_t>::max() - expect, fn, "segment ", i, " (", kind,
                         ") has length ", s.length, ", which overflows the token count");
@@ -199,7 +201,8 @@ inline Layout Layout::parse(std::string_view spec) {
         const auto colon = item.find(':');
         detail::require(colon != std::string_view::npos, fn, "segment ", index, " '", item,
                         "': expected kind:count with kind text, image or video");
-        const std::string_view kind = item.substr(0, colon);
+        const std::string_view kind_name = item.substr(0, colon);
+        const std::optional<SegmentKind> kind = enum_from_name<SegmentKind>(kind_name);
         std::string_view rest = item.substr(colon + 1);
         std::int64_t gh = 0, gw = 0;
         if (const auto br = rest.find('['); br != std::string_view::npos) {
@@ -209,13 +212,13 @@ inline Layout Layout::parse(std::string_view spec) {
             rest = rest.substr(0, br);
         }
         Segment s;
-        if (kind == "text" || kind == "image") {
+        if (kind == SegmentKind::text || kind == SegmentKind::image) {
             const std::int64_t len = detail::parse_count(rest, item, index);
             detail::require(len > 0, fn, "segment ", index, " '", item, "' has length 0, expected > 0");
-            detail::require(kind == "image" || (gh == 0 && gw == 0), fn, "segment ", index, " '", item,
+            detail::require(kind == SegmentKind::image || (gh == 0 && gw == 0), fn, "segment ", index, " '", item,
                             "': text segments have no grid");
-            s = kind == "text" ? Segment::text(pos, len) : Segment::image(pos, len, gh, gw);
-        } else if (kind == "video") {
+            s = kind == SegmentKind::text ? Segment::text(pos, len) : Segment::image(pos, len, gh, gw);
+        } else if (kind == SegmentKind::video) {
             auto [frames, tpf] = detail::parse_pair(rest, item, index);
             detail::require(frames > 0 && tpf > 0, fn, "segment ", index, " '", item,
                             "': expected frames x tokens-per-frame, both > 0");
@@ -223,7 +226,7 @@ inline Layout Layout::parse(std::string_view spec) {
                             "': frames x tokens-per-frame overflows int64");
             s = Segment::video(pos, frames, tpf, gh, gw);
         } else {
-            throw error(fn, detail::concat("segment ", index, " '", item, "': unknown kind '", kind,
+            throw error(fn, detail::concat("segment ", index, " '", item, "': unknown kind '", kind_name,
                                            "', expected text, image or video"));
         }
         detail::require(s.length <= std::numeric_limits<std::int64_t>::max() - pos, fn, "segment ", index, " '", item,
@@ -271,7 +274,7 @@ inline std::string Layout::to_string() const {
     std::string out;
     for (const auto& s : segs_) {
         if (!out.empty()) out += ',';
-        out += segment_kind_name(s.kind);
+        out += enum_name(s.kind);
         out += ':';
         // Appends only: `std::to_string(a) + "x" + ...` draws a -Wrestrict false positive from GCC 12 at -O3.
         if (s.kind == SegmentKind::video) {

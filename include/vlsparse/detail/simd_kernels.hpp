@@ -14,9 +14,7 @@
 //   dots(q, k, ldk, m, n, out)          out[t] = dot(q, k + t * ldk, n) for t < m  (rows of a matrix)
 //   weighted_sum(o, p, v, ldv, m, n)    o[c] += sum_{t < m} p[t] * v[t * ldv + c] for c < n
 //
-// `native_arch` is the best instruction set the consumer's flags allow (xsimd::default_arch), or
-// scalar_arch when the consumer defines VLSPARSE_FORCE_SCALAR (or xsimd knows no instruction set for
-// the target). The widening helpers copy a strided row of float / half / bfloat16 into a contiguous
+// `native_arch` and `scalar_arch`: core/simd_arch.hpp. The widening helpers copy a strided row of float / half / bfloat16 into a contiguous
 // float buffer (exact conversions). Include: internal; the attention headers include it.
 #pragma once
 
@@ -42,21 +40,11 @@ VLSPARSE_GCC12_AVX512_DIAGNOSTICS_BEGIN
 #endif
 
 #include "vlsparse/core/dtype.hpp"
+#include "vlsparse/core/simd_arch.hpp"
 
 namespace vlsparse::detail {
 
-// The always-compiled scalar "instruction set".
-struct scalar_arch {
-    static constexpr const char* name() noexcept { return "scalar"; }
-    static constexpr std::size_t width = 1;
-};
-
-#if defined(VLSPARSE_FORCE_SCALAR)
-using native_arch = scalar_arch;
-#else
-using native_arch =
-    std::conditional_t<std::is_same_v<xsimd::default_arch, xsimd::unavailable>, scalar_arch, xsimd::default_arch>;
-#endif
+// scalar_arch and native_arch: core/simd_arch.hpp.
 
 // ---------------------------------------------------------------------------------------------
 // xsimd architectures

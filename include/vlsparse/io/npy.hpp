@@ -61,6 +61,18 @@ concept NpyElement = requires { npy_type<std::remove_const_t<T>>::descr; };
 // How to_double() reads '<u2' data, which is either uint16 or the raw bits of bfloat16.
 enum class U2As : std::uint8_t { uint16, bfloat16 };
 
+// A shape as Python writes a tuple, the form of .npy headers and of this library's messages:
+// (), (3,), (2, 3).
+inline std::string npy_shape_repr(const std::vector<std::int64_t>& shape) {
+    std::string s = "(";
+    for (std::size_t i = 0; i < shape.size(); ++i) {
+        if (i) s += ", ";
+        s += std::to_string(shape[i]);
+    }
+    if (shape.size() == 1) s += ",";
+    return s + ")";
+}
+
 namespace detail {
 
 // Size in bytes of a supported, normalized descr; 0 when unsupported.
@@ -75,16 +87,7 @@ inline std::size_t npy_itemsize(std::string_view d) {
 inline constexpr const char* npy_supported =
     "'<f2', '<f4', '<f8', '|i1', '<i2', '<i4', '<i8', '|u1', '<u2', '<u4', '<u8', '|b1'";
 
-inline std::string npy_shape_repr(const std::vector<std::int64_t>& shape) {
-    // Python's repr of a tuple: (), (3,), (2, 3)
-    std::string s = "(";
-    for (std::size_t i = 0; i < shape.size(); ++i) {
-        if (i) s += ", ";
-        s += std::to_string(shape[i]);
-    }
-    if (shape.size() == 1) s += ",";
-    return s + ")";
-}
+using ::vlsparse::npy_shape_repr;
 
 // Product of the extents; throws on a negative extent or overflow.
 inline std::int64_t npy_numel(const std::vector<std::int64_t>& shape, const char* fn, std::string_view what) {

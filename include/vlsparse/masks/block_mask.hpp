@@ -24,6 +24,7 @@
 #include <span>
 #include <vector>
 
+#include "vlsparse/attention/common.hpp"
 #include "vlsparse/core/error.hpp"
 #include "vlsparse/masks/templates.hpp"
 
@@ -211,6 +212,34 @@ inline void check_block_mask(const BlockMask& bm, std::int64_t n, std::int64_t H
                 static_cast<std::int64_t>(bm.head_template.size()) == H && bm.context.n == n,
             fn, "block mask is inconsistent (block counts or offsets do not match n = ", n, ", H = ", H,
             "); expected a mask from make_block_mask");
+}
+
+
+// The checks every backend's masked prefill attention runs first, in the two forms the backends take:
+// a context with one template per query head, and a BlockMask (shape-consistent, check_block_mask).
+// q [n, H, d], k and v [n, H_kv, d], out [n, H, d] (n_q == n_k: prefill only).
+template <class TQ, class TK, class TO>
+void check_masked_context_args(const View3<const TQ>& q, const View3<const TK>& k, const View3<const TK>& v,
+                               const MaskContext& ctx, std::span<const MaskTemplate> heads, const View3<TO>& out,
+                               const char* fn) {
+    check_qkv(q, k, v, fn);
+    const std::int64_t n = q.shape[0], H = q.shape[1];
+    require(k.shape[0] == n, fn, "q has ", n, " tokens and k has ", k.shape[0], ", expected equal (masked prefill)");
+    require(ctx.n == n && static_cast<std::int64_t>(ctx.token_image.size()) == n, fn, "mask covers ", ctx.n,
+            " tokens, the input has ", n, "; expected equal");
+    require(static_cast<std::int64_t>(heads.size()) == H, fn, heads.size(), " head templates given, q has ", H,
+            " query heads; expected one per query head");
+    check_out3(out, {n, H, q.shape[2]}, q, k, v, fn, "out");
+}
+
+template <class TQ, class TK, class TO>
+void check_masked_args(const View3<const TQ>& q, const View3<const TK>& k, const View3<const TK>& v,
+                       const BlockMask& bm, const View3<TO>& out, const char* fn) {
+    check_qkv(q, k, v, fn);
+    const std::int64_t n = q.shape[0], H = q.shape[1], d = q.shape[2];
+    require(k.shape[0] == n, fn, "q has ", n, " tokens and k has ", k.shape[0], ", expected equal (masked prefill)");
+    check_block_mask(bm, n, H, fn);
+    check_out3(out, {n, H, d}, q, k, v, fn, "out");
 }
 
 }  // namespace detail

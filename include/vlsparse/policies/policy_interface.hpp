@@ -40,6 +40,7 @@
 #include "vlsparse/core/model_shape.hpp"
 #include "vlsparse/core/selection.hpp"
 #include "vlsparse/core/tensor.hpp"
+#include "vlsparse/detail/check.hpp"
 #include "vlsparse/masks/block_mask.hpp"
 #include "vlsparse/policies/scoring.hpp"
 
@@ -106,6 +107,19 @@ struct DecodeReadsAll {
         return std::nullopt;
     }
 };
+
+// Throws vlsparse::error (function "PrefillDecision") unless `d` is well formed for a prompt of n
+// positions and kv_heads KV heads: kv over n positions (one shared list or one per KV head, each
+// ascending, unique and in range), `sequence` ascending, unique and in [0, n), not both a mask and
+// sparse_prefill. What depends on the engine's state (a kept position that already left the
+// sequence) the engine checks itself (the simulator does: sim/engine.hpp).
+inline void check_prefill_decision(const PrefillDecision& d, std::int64_t n, std::int64_t kv_heads) {
+    constexpr const char* fn = "PrefillDecision";
+    require(d.kv.n == n, fn, "kv.n = ", d.kv.n, ", expected the prompt length ", n);
+    d.kv.validate(kv_heads, "PrefillDecision::kv");
+    detail::check_sorted_unique(d.sequence, n, fn, "sequence");
+    require(!(d.mask && d.sparse_prefill), fn, "both a mask and sparse_prefill are set; expected one of them");
+}
 
 // ---------------------------------------------------------------------------------------------------
 // Helpers shared by the adapters (and useful to engines).

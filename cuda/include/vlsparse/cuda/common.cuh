@@ -17,11 +17,8 @@
 
 namespace vlsparse::cuda {
 
-namespace detail {
-
-using ::vlsparse::detail::require;
-
-// Throws vlsparse::error naming the function, the CUDA call and the CUDA error unless e == cudaSuccess.
+// Throws vlsparse::error naming the function, the CUDA call and the CUDA error unless e == cudaSuccess
+// (public: an engine's own CUDA calls around the library's raise the same errors).
 inline void check_cuda(cudaError_t e, const char* fn, const char* what) {
     require(e == cudaSuccess, fn, what, " failed: ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
 }
@@ -34,6 +31,10 @@ inline void check_launch(const char* fn, const char* kernel) {
             ")");
 }
 
+namespace detail {
+using ::vlsparse::require;
+using ::vlsparse::cuda::check_cuda;
+using ::vlsparse::cuda::check_launch;
 }  // namespace detail
 
 // An owning array in device memory (cudaMalloc / cudaFree), for tests, benchmarks and the owning

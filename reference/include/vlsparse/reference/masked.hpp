@@ -27,14 +27,8 @@ template <ElementType TQ, ElementType TK, OutputElement TO>
 void masked_attention(View3<const TQ> q, View3<const TK> k, View3<const TK> v, const MaskContext& ctx,
                       std::span<const MaskTemplate> heads, View3<TO> out, const AttentionOptions& opt = {}) {
     constexpr const char* fn = "reference::masked_attention";
-    detail::check_qkv(q, k, v, fn);
+    ::vlsparse::detail::check_masked_context_args(q, k, v, ctx, heads, out, fn);  // the checks of every backend
     const std::int64_t n = q.shape[0], H = q.shape[1], d = q.shape[2], group = H / k.shape[1];
-    detail::require(k.shape[0] == n, fn, "q has ", n, " tokens and k has ", k.shape[0], ", expected equal (masked prefill)");
-    detail::require(ctx.n == n && static_cast<std::int64_t>(ctx.token_image.size()) == n, fn, "mask covers ", ctx.n,
-                    " tokens, the input has ", n, "; expected equal");
-    detail::require(static_cast<std::int64_t>(heads.size()) == H, fn, heads.size(), " head templates given, q has ", H,
-                    " query heads; expected one per query head");
-    detail::check_out3(out, {n, H, d}, q, k, v, fn, "out");
     detail::check_all_finite(q, k, v, fn);
     const double scale = detail::resolve_scale(opt, d, fn);
     std::vector<double> probs, o;
@@ -57,10 +51,7 @@ template <ElementType TQ, ElementType TK, OutputElement TO>
 void masked_attention(View3<const TQ> q, View3<const TK> k, View3<const TK> v, const BlockMask& mask, View3<TO> out,
                       const AttentionOptions& opt = {}) {
     constexpr const char* fn = "reference::masked_attention";
-    detail::check_qkv(q, k, v, fn);
-    const std::int64_t n = q.shape[0];
-    detail::require(k.shape[0] == n, fn, "q has ", n, " tokens and k has ", k.shape[0], ", expected equal (masked prefill)");
-    detail::check_block_mask(mask, n, q.shape[1], fn);
+    ::vlsparse::detail::check_masked_args(q, k, v, mask, out, fn);  // the checks of every backend
     masked_attention(q, k, v, mask.context, std::span<const MaskTemplate>(mask.head_template), out, opt);
 }
 

@@ -708,9 +708,7 @@ inline int cmd_export(Args& a) {
         [&] {
             if (auto v = a.value("--set")) sets.push_back(*v);
             else if (auto v1 = a.value("--dtype")) {
-                if (*v1 == "fp32") opt.dtype = DType::f32;
-                else if (*v1 == "fp16") opt.dtype = DType::f16;
-                else if (*v1 == "bf16") opt.dtype = DType::bf16;
+                if (const auto t = ::vlsparse::enum_from_name<DType>(*v1)) opt.dtype = *t;
                 else a.fail("--dtype: '" + *v1 + "', expected fp32, fp16 or bf16");
             } else if (a.flag("--safetensors")) opt.storage = "safetensors";
             else return false;

@@ -63,7 +63,7 @@ struct DumpManifest {
     std::int64_t tokens() const {
         const std::int64_t n = layout.n();
         if (decode_steps < 0 || decode_steps > std::numeric_limits<std::int64_t>::max() - n)
-            throw ::vlsparse::error("DumpManifest::tokens", ::vlsparse::detail::concat("layout tokens ", n,
+            throw ::vlsparse::error("DumpManifest::tokens", ::vlsparse::concat("layout tokens ", n,
                                                                                       " + decode_steps ", decode_steps,
                                                                                       " overflow int64"));
         return n + decode_steps;
@@ -80,7 +80,7 @@ inline std::string_view dump_dtype_name(DType t) { return t == DType::f32 ? "fp3
 
 namespace detail {
 
-using ::vlsparse::detail::require;
+using ::vlsparse::require;
 
 inline std::string dump_npy_name(std::int64_t layer, char which) {
     char buf[32];
@@ -266,7 +266,7 @@ public:
                         const std::uint32_t u = static_cast<std::uint32_t>(b[4 * i]) | (static_cast<std::uint32_t>(b[4 * i + 1]) << 8) |
                                                 (static_cast<std::uint32_t>(b[4 * i + 2]) << 16) |
                                                 (static_cast<std::uint32_t>(b[4 * i + 3]) << 24);
-                        dst[i] = ::vlsparse::detail::bits_float(u);
+                        dst[i] = ::vlsparse::bits_float(u);
                     } else {
                         const auto u = static_cast<std::uint16_t>(b[2 * i] | (b[2 * i + 1] << 8));
                         dst[i] = m_.dtype == DType::f16 ? half::to_float(u) : bfloat16::to_float(u);
@@ -288,9 +288,9 @@ private:
         const std::int64_t heads = w == 'q' ? m_.shape.heads : m_.shape.kv_heads;
         const std::vector<std::int64_t> want{tokens(), heads, m_.shape.head_dim};
         if (shape == want) return;
-        throw ::vlsparse::error("DumpSource", where + ": shape " + ::vlsparse::detail::npy_shape_repr(shape) +
+        throw ::vlsparse::error("DumpSource", where + ": shape " + ::vlsparse::npy_shape_repr(shape) +
                                                   " does not match the manifest: expected " +
-                                                  ::vlsparse::detail::npy_shape_repr(want) + " (tokens = layout " +
+                                                  ::vlsparse::npy_shape_repr(want) + " (tokens = layout " +
                                                   std::to_string(m_.layout.n()) + " + decode_steps " +
                                                   std::to_string(m_.decode_steps) + ", " +
                                                   (w == 'q' ? "heads" : "kv_heads") + ", head_dim) for layer " +

@@ -152,10 +152,10 @@ inline void check_read_positions(const SimCache& cache, const TokenSelection& re
         const auto want = read.for_kv_head(g);
         std::size_t src = 0;  // one walk over both ascending lists
         for (std::size_t i = 0; i < want.size(); ++i) {
-            ::vlsparse::detail::require(i == 0 || want[i] > want[i - 1], fn, "position list for KV head ", g,
+            ::vlsparse::require(i == 0 || want[i] > want[i - 1], fn, "position list for KV head ", g,
                                         " is not sorted ascending without duplicates at entry ", i);
             while (src < pos.size() && pos[src] < want[i]) ++src;
-            ::vlsparse::detail::require(src < pos.size() && pos[src] == want[i], fn, "position ", want[i],
+            ::vlsparse::require(src < pos.size() && pos[src] == want[i], fn, "position ", want[i],
                                         " is not in KV head ", g, " of the cache (evicted, or beyond seq_len ",
                                         cache.seq_len(), ")");
             ++src;
@@ -208,22 +208,16 @@ inline std::vector<std::int64_t> prefill_step(Run& r, const Scenario& s, std::in
 
     // Check the decision against the sequence.
     try {
-        if (dec.kv.n != n)
-            throw ::vlsparse::error("PrefillDecision", "kv.n = " + std::to_string(dec.kv.n) +
-                                                           ", expected the prompt length " + std::to_string(n));
-        dec.kv.validate(Hkv, "PrefillDecision::kv");
+        check_prefill_decision(dec, n, Hkv);
         for (const auto& list : dec.kv.indices)
             for (auto p : list)
                 if (!contains_sorted(r.seq, p))
                     throw ::vlsparse::error("PrefillDecision", "kv keeps position " + std::to_string(p) +
                                                                    ", which is not in the layer's sequence");
-        ::vlsparse::detail::check_sorted_unique(dec.sequence, n, "PrefillDecision", "sequence");
         for (auto p : dec.sequence)
             if (!contains_sorted(r.seq, p))
                 throw ::vlsparse::error("PrefillDecision", "sequence holds position " + std::to_string(p) +
                                                                ", which already left the sequence");
-        if (dec.mask && dec.sparse_prefill)
-            throw ::vlsparse::error("PrefillDecision", "both a mask and sparse_prefill are set; expected one of them");
     } catch (const ::vlsparse::error& e) {
         policy_fail(r, l, e.what());
     }

@@ -48,7 +48,7 @@ using GoldenCaseRunner =
 inline std::vector<std::filesystem::path> golden_case_dirs(const std::filesystem::path& root) {
     namespace fs = std::filesystem;
     constexpr const char* fn = "golden verify --backend";
-    ::vlsparse::detail::require(fs::is_directory(root), fn, "'", root.string(),
+    ::vlsparse::require(fs::is_directory(root), fn, "'", root.string(),
                                 "' is not a folder (expected a golden case, an algorithm folder or the golden folder)");
     if (fs::exists(root / "manifest.json")) return {root};
     std::vector<fs::path> r;
@@ -67,7 +67,7 @@ inline std::vector<std::filesystem::path> golden_case_dirs(const std::filesystem
         for (const auto& c : subdirs(a))
             if (fs::exists(c / "manifest.json")) r.push_back(c);
     }
-    ::vlsparse::detail::require(!r.empty(), fn, "'", root.string(),
+    ::vlsparse::require(!r.empty(), fn, "'", root.string(),
                                 "' holds no golden case (no manifest.json in it, in its subfolders or theirs)");
     return r;
 }

@@ -362,7 +362,7 @@ inline std::string report_html(const std::string& command, const Scenario& s, co
             if (seg.is_visual())
                 marks.push_back({static_cast<double>(seg.start) * B / n, static_cast<double>(seg.end()) * B / n,
                                  seg.kind == SegmentKind::video ? "#5aa55a" : "#3a7dc9",
-                                 std::string(segment_kind_name(seg.kind)) + " at " + std::to_string(seg.start)});
+                                 std::string(to_string(seg.kind)) + " at " + std::to_string(seg.start)});
         for (std::size_t k = 0; k < runs.size(); ++k) {
             std::vector<std::vector<float>> rows;
             std::vector<std::string> labels;

@@ -36,7 +36,7 @@
 #include "vlsparse/core/error.hpp"
 #include "vlsparse/core/layout.hpp"
 #include "vlsparse/core/rng.hpp"
-#include "vlsparse/detail/simd_kernels.hpp"
+#include "vlsparse/core/simd_arch.hpp"
 #include "vlsparse/sim/model_shape.hpp"
 #include "vlsparse/sim/synthetic.hpp"
 
@@ -314,7 +314,7 @@ private:
     // other rows (projecting m rows at once or one at a time gives the same bits).
     template <int R>
     static void rows_tile(const float* x, std::int64_t K, const float* W, std::int64_t N, float* out) {
-        using batch = xsimd::batch<float, ::vlsparse::detail::native_arch>;
+        using batch = xsimd::batch<float, ::vlsparse::simd::native_arch>;
         constexpr std::int64_t B = static_cast<std::int64_t>(batch::size);
         std::int64_t c = 0;
         for (; c + 2 * B <= N; c += 2 * B) {

@@ -53,7 +53,7 @@ struct SafetensorsEntry {
         constexpr const char* fn = "SafetensorsEntry::numel";
         for (auto e : shape)
             if (e < 0)
-                throw ::vlsparse::error(fn, ::vlsparse::detail::concat("tensor '", name, "': negative extent ", e));
+                throw ::vlsparse::error(fn, ::vlsparse::concat("tensor '", name, "': negative extent ", e));
         for (auto e : shape)
             if (e == 0) return 0;
         std::int64_t n = 1;
@@ -75,7 +75,7 @@ struct SafetensorsTensor {
 
 namespace detail {
 
-using ::vlsparse::detail::require;
+using ::vlsparse::require;
 
 inline std::uint64_t read_le64(const unsigned char* b) {
     std::uint64_t v = 0;
@@ -175,7 +175,7 @@ public:
                 const std::uint32_t u = static_cast<std::uint32_t>(b[4 * i]) | (static_cast<std::uint32_t>(b[4 * i + 1]) << 8) |
                                         (static_cast<std::uint32_t>(b[4 * i + 2]) << 16) |
                                         (static_cast<std::uint32_t>(b[4 * i + 3]) << 24);
-                out[i] = ::vlsparse::detail::bits_float(u);
+                out[i] = ::vlsparse::bits_float(u);
             }
         } else {
             const bool bf = e->dtype == "BF16";
@@ -299,13 +299,13 @@ inline void write_safetensors(const std::filesystem::path& path, const std::vect
 // fp32 values as the raw little-endian bytes of a safetensors dtype (F32, F16 or BF16; rounding to nearest even).
 inline std::vector<std::byte> safetensors_encode(const std::vector<float>& x, std::string_view dtype) {
     constexpr const char* fn = "safetensors_encode";
-    ::vlsparse::detail::require(dtype == "F32" || dtype == "F16" || dtype == "BF16", fn, "dtype '", dtype,
+    ::vlsparse::require(dtype == "F32" || dtype == "F16" || dtype == "BF16", fn, "dtype '", dtype,
                                 "', expected F32, F16 or BF16");
     const std::size_t item = dtype == "F32" ? 4 : 2;
     std::vector<std::byte> out(x.size() * item);
     auto* b = reinterpret_cast<unsigned char*>(out.data());
     for (std::size_t i = 0; i < x.size(); ++i) {
-        std::uint32_t u = dtype == "F32"   ? ::vlsparse::detail::float_bits(x[i])
+        std::uint32_t u = dtype == "F32"   ? ::vlsparse::float_bits(x[i])
                           : dtype == "F16" ? half::from_float(x[i])
                                            : bfloat16::from_float(x[i]);
         for (std::size_t k = 0; k < item; ++k, u >>= 8) b[i * item + k] = static_cast<unsigned char>(u & 0xFF);

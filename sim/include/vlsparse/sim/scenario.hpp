@@ -29,6 +29,7 @@
 #include <functional>
 #include <limits>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -48,9 +49,10 @@ namespace vlsparse::sim {
 
 enum class SourceKind : std::uint8_t { synthetic, residual, dump };
 
-constexpr std::string_view to_string(SourceKind k) {
-    return k == SourceKind::synthetic ? "synthetic" : k == SourceKind::residual ? "residual" : "dump";
-}
+inline constexpr ::vlsparse::EnumName<SourceKind> kSourceKindNames[] = {
+    {SourceKind::synthetic, "synthetic"}, {SourceKind::residual, "residual"}, {SourceKind::dump, "dump"}};
+constexpr std::span<const ::vlsparse::EnumName<SourceKind>> enum_names(SourceKind) { return kSourceKindNames; }
+constexpr std::string_view to_string(SourceKind k) { return ::vlsparse::enum_name(k); }
 
 struct SourceSpec {
     SourceKind kind = SourceKind::synthetic;
@@ -88,7 +90,7 @@ struct Scenario {
 
 inline json synthetic_params_json(const SyntheticParams& P) {
     json kinds = json::array();
-    for (auto k : P.head_kinds) kinds.push_back(std::string(head_kind_name(k)));
+    for (auto k : P.head_kinds) kinds.push_back(std::string(to_string(k)));
     return json{{"sink", P.sink},
                 {"heavy", P.heavy},
                 {"text_focus", P.text_focus},
@@ -414,9 +416,7 @@ inline void check_memory(const Scenario& s, std::size_t runs = 0) {
 inline void read_source(Scenario& s, const json& j, const JsonWhere& w) {
     check_object_keys(j, w, {"kind", "params", "dir"});
     const std::string kind = read_string(j, "kind", w, std::string("synthetic"));
-    if (kind == "synthetic") s.source.kind = SourceKind::synthetic;
-    else if (kind == "residual") s.source.kind = SourceKind::residual;
-    else if (kind == "dump") s.source.kind = SourceKind::dump;
+    if (const auto k = ::vlsparse::enum_from_name<SourceKind>(kind)) s.source.kind = *k;
     else w.key("kind").fail("unknown source " + json_repr(j["kind"]) + ", expected \"synthetic\", \"residual\" or \"dump\"");
     if (const json* p = find_key(j, "params")) {
         if (s.source.kind == SourceKind::dump) w.key("params").fail("a dump source takes no params (only \"dir\")");

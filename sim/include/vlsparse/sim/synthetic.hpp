@@ -57,9 +57,11 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <span>
 #include <vector>
 
 #include "vlsparse/core/dtype.hpp"
+#include "vlsparse/core/enum_names.hpp"
 #include "vlsparse/core/error.hpp"
 #include "vlsparse/core/layout.hpp"
 #include "vlsparse/core/rng.hpp"
@@ -73,24 +75,20 @@ enum class HeadKind : std::uint8_t { diffuse, sink, local, heavy, document };
 inline constexpr std::array<HeadKind, 5> kHeadKinds = {HeadKind::diffuse, HeadKind::sink, HeadKind::local,
                                                        HeadKind::heavy, HeadKind::document};
 
-constexpr std::string_view head_kind_name(HeadKind k) {
-    switch (k) {
-        case HeadKind::diffuse: return "diffuse";
-        case HeadKind::sink: return "sink";
-        case HeadKind::local: return "local";
-        case HeadKind::heavy: return "heavy";
-        case HeadKind::document: return "document";
-    }
-    return "?";
-}
+inline constexpr ::vlsparse::EnumName<HeadKind> kHeadKindNames[] = {{HeadKind::diffuse, "diffuse"},
+                                                                     {HeadKind::sink, "sink"},
+                                                                     {HeadKind::local, "local"},
+                                                                     {HeadKind::heavy, "heavy"},
+                                                                     {HeadKind::document, "document"}};
+constexpr std::span<const ::vlsparse::EnumName<HeadKind>> enum_names(HeadKind) { return kHeadKindNames; }
+constexpr std::string_view to_string(HeadKind k) { return ::vlsparse::enum_name(k); }
 
 // "diffuse", "sink", "local", "heavy" or "document"; anything else throws vlsparse::error.
 inline HeadKind parse_head_kind(std::string_view s) {
-    for (auto k : kHeadKinds)
-        if (head_kind_name(k) == s) return k;
+    if (const auto k = ::vlsparse::enum_from_name<HeadKind>(s)) return *k;
     throw ::vlsparse::error("sim::parse_head_kind",
-                            ::vlsparse::detail::concat("unknown head kind '", s,
-                                                       "', expected diffuse, sink, local, heavy or document"));
+                            ::vlsparse::concat("unknown head kind '", s, "', expected ",
+                                                       ::vlsparse::enum_name_list<HeadKind>()));
 }
 
 struct SyntheticParams {
@@ -147,7 +145,7 @@ struct HeadWeights {
 
 namespace detail {
 
-using ::vlsparse::detail::require;
+using ::vlsparse::require;
 
 inline double gaussian(SplitMix64& rng) {  // Box-Muller (version 1)
     const double u1 = (static_cast<double>(rng.next() >> 11) + 0.5) * 0x1.0p-53;
