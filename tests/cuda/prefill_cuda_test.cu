@@ -384,6 +384,71 @@ TEST_CASE("cuda prefill: block-sparse masks against the reference", "[cuda][pref
     g_kernel = cuda::PrefillKernel::automatic;
 }
 
+// Each row's key intervals walked on the device through the plan's uploaded (int32) mask, digested
+// per (template, row): interval count, key count and a hash of the bounds in order.
+__global__ void row_interval_digest_kernel(cuda::detail::DeviceMask m, int tmpl, long long* out) {
+    const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+    if (i >= m.context.n) return;
+    long long count = 0, keys = 0, hash = 0;
+    m.context.row_intervals(tmpl, i, [&](int lo, int hi) {
+        ++count;
+        keys += hi - lo;
+        hash = hash * 1000003 + static_cast<long long>(lo) * 7919 + hi;
+    });
+    out[3 * i] = count;
+    out[3 * i + 1] = keys;
+    out[3 * i + 2] = hash;
+}
+
+TEST_CASE("cuda prefill: the mask's row intervals on the device equal the host's", "[cuda][prefill][masks]") {
+    std::vector<MaskContext> contexts;
+    for (const char* spec : {"text:37,image:200,text:20,image:150,text:9", "image:64,text:3,image:130,text:64,image:77"})
+        for (bool bidir : {false, true})
+            for (bool offsets : {false, true}) {
+                MaskOptions mo;
+                mo.bidirectional_images = bidir;
+                if (offsets) mo.sink_offsets = {1, 6, 40, 500};  // 500: past every image (no sink there)
+                contexts.push_back(make_mask_context(Layout::parse(spec), mo));
+            }
+    const Layout video = Layout::parse("text:5,video:6x40,text:7,image:50,text:3,video:4x33,text:2");
+    MaskOptions sinks;
+    sinks.sink_fraction = 0.3;
+    for (VideoMask kind : kVideoMasks)
+        for (std::int64_t window : {std::int64_t{0}, std::int64_t{7}})
+            contexts.push_back(make_video_mask_context(video, {kind, window, 3}, sinks));
+    std::vector<KeyInterval> iv;
+    for (const MaskContext& ctx : contexts) {
+        const cuda::MaskedPrefillPlan plan(ctx, std::vector<MaskTemplate>(1, MaskTemplate::dense), 1);
+        const auto n = static_cast<std::size_t>(ctx.n);
+        for (MaskTemplate t : kAllTemplates) {
+            INFO("video mask " << to_string(ctx.video) << " window " << ctx.video_window << ", bidirectional "
+                               << ctx.bidirectional_images << ", n " << ctx.n << ", template " << to_string(t));
+            cuda::DeviceArray<long long> out(3 * n);
+            const std::vector<long long> poison(3 * n, -7);
+            out.upload(poison);
+            row_interval_digest_kernel<<<static_cast<unsigned>((n + 127) / 128), 128>>>(plan.device_mask(), static_cast<int>(t),
+                                                                                      out.data());
+            REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+            const auto got = out.download();
+            std::int64_t rows_with_several = 0;
+            for (std::size_t i = 0; i < n; ++i) {
+                ctx.row_intervals(t, static_cast<std::int64_t>(i), iv);
+                long long keys = 0, hash = 0;
+                for (const auto& x : iv) {
+                    keys += x.hi - x.lo;
+                    hash = hash * 1000003 + x.lo * 7919 + x.hi;
+                }
+                rows_with_several += iv.size() > 1;
+                INFO("row " << i);
+                REQUIRE(got[3 * i] == static_cast<long long>(iv.size()));
+                REQUIRE(got[3 * i + 1] == keys);
+                REQUIRE(got[3 * i + 2] == hash);
+            }
+            if (t != MaskTemplate::dense || ctx.video != VideoMask::none) CHECK(rows_with_several > 0);  // not a trivial mask
+        }
+    }
+}
+
 TEST_CASE("cuda prefill: fp32 inputs and head dims other than 64 / 128 (the CUDA-core kernel)", "[cuda][prefill]") {
     // automatic routes these to the CUDA-core kernel; the 16-bit cases with d = 96 / 40 / 256 too.
     g_kernel = cuda::PrefillKernel::automatic;

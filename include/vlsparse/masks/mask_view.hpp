@@ -7,7 +7,8 @@
 //       on the GPU both evaluate this one function.
 //   MaskContextView<I>  a MaskContext's per-token arrays as pointers (host memory: MaskContext::view();
 //                       device memory: cuda::MaskedPrefillPlan uploads them as int32), with
-//                       row() and allows(); I is the position type (int64 on the host, int32 in kernels).
+//                       row(), allows() and row_intervals(); I is the position type (int64 on the
+//                       host, int32 in kernels).
 //   BlockMaskView<I>    the same plus one template per query head (BlockMask::view()).
 //
 // Header-only, no allocation, usable in __host__ __device__ code (VLSPARSE_HD under nvcc).
@@ -80,6 +81,8 @@ struct MaskContextView {
     const I* image_end = nullptr;               // [images]
     const I* frame_tokens = nullptr;            // [images] tokens per frame of a video, 0 for an image
                                                 // (may be null when video == 0)
+    const I* sink_start = nullptr;              // [images + 1] offsets into sink_pos (row_intervals only)
+    const I* sink_pos = nullptr;                // the sink positions of every image, ascending (row_intervals only)
     int bidirectional = 0;
     int video = 0;  // VideoMask
     I video_window = 0;
@@ -100,6 +103,91 @@ struct MaskContextView {
     VLSPARSE_HD bool allows(int tmpl, I i, I j) const {
         return mask_rule_allows(row(tmpl, i), video, video_window, video_dilation, i, j, static_cast<I>(token_image[j]),
                                 token_sink[j] != 0);
+    }
+
+    // The keys query i may see under template tmpl (the set allows(tmpl, i, j) gives over j), as
+    // half-open intervals [lo, hi) handed to emit(lo, hi) in ascending order, disjoint and never
+    // touching. O(images before i's image + their sinks) per row, plus O(window) for the atrous video
+    // mask; no allocation, so a kernel can walk a row's intervals as the host does
+    // (MaskContext::row_intervals collects them in a vector). Needs sink_start and sink_pos.
+    template <class Emit>
+    VLSPARSE_HD void row_intervals(int tmpl, I i, Emit&& emit) const {
+        // Keys at or past `cap` belong to a video query's own video: the video mask decides them below.
+        struct Merge {
+            Emit& emit;
+            I cap, lo = 0, hi = 0;
+            bool open = false;
+            VLSPARSE_HD void push(I l, I h) {
+                if (h > cap) h = cap;
+                if (l >= h) return;
+                if (open && hi >= l) {
+                    if (h > hi) hi = h;
+                    return;
+                }
+                if (open) emit(lo, hi);
+                lo = l, hi = h, open = true;
+            }
+            VLSPARSE_HD void finish() {
+                if (open) emit(lo, hi);
+                open = false;
+            }
+        };
+        const MaskRowFacts<I> r = row(tmpl, i);
+        Merge out{emit, r.T > 0 ? r.vs : n};  // n: past every key
+        if (r.a < 0 || tmpl == 0) {
+            out.push(0, r.hi);  // text: causal; Dense image query: everything before hi
+        } else {
+            I pos = 0;  // text between earlier images, their sinks unless Document
+            for (I b = 0; b < r.a; ++b) {
+                out.push(pos, mask_load(image_start + b));
+                if (tmpl != 2)
+                    for (I s = mask_load(sink_start + b), e = mask_load(sink_start + b + 1); s < e; ++s) {
+                        const I p = mask_load(sink_pos + s);
+                        out.push(p, p + 1);
+                    }
+                pos = mask_load(image_end + b);
+            }
+            out.push(pos, r.vs);
+            if (tmpl == 1) {  // Sink: the own image's sinks before hi, and i itself
+                bool self = false;
+                for (I s = mask_load(sink_start + r.a), e = mask_load(sink_start + r.a + 1); s < e; ++s) {
+                    const I p = mask_load(sink_pos + s);
+                    if (p >= r.hi) break;
+                    if (!self && i < p) out.push(i, i + 1), self = true;
+                    out.push(p, p + 1);
+                }
+                if (!self) out.push(i, i + 1);
+            } else {
+                out.push(r.vs, r.hi);
+            }
+        }
+        if (r.T > 0) {  // a video query: its own video's keys by the video mask (causal)
+            out.cap = i + 1;
+            const I vs = r.vs, T = r.T, fi = (i - vs) / T, si = (i - vs) - fi * T;
+            const I W = video_window > 0 ? video_window : T;
+            if (tmpl == 1) {  // Sink: the video's sinks before i that the video mask keeps, then i
+                for (I s = mask_load(sink_start + r.a), e = mask_load(sink_start + r.a + 1); s < e; ++s) {
+                    const I p = mask_load(sink_pos + s);
+                    if (p >= i) break;
+                    if (mask_rule_allows(r, video, video_window, video_dilation, i, p, r.a, true)) out.push(p, p + 1);
+                }
+                out.push(i, i + 1);
+            } else if (video == 4) {  // local_window
+                out.push(i - W + 1 > vs ? i - W + 1 : vs, i + 1);
+            } else if (video == 5) {  // atrous
+                I steps = (i - vs) / video_dilation;
+                if (steps > W - 1) steps = W - 1;
+                for (I s = steps; s >= 0; --s) out.push(i - s * video_dilation, i - s * video_dilation + 1);
+            } else if (video >= 1 && video <= 3 && fi > 0) {  // spatial, temporal, spatial_temporal
+                out.push(vs, vs + T);
+                if (video != 1 && fi >= 2) out.push(vs + (fi - 1) * T + si, vs + (fi - 1) * T + si + 1);
+                if (video == 2) out.push(i, i + 1);
+                else out.push(vs + fi * T, i + 1);
+            } else {  // the first frame (every mask keeps it whole), or an unknown mask value
+                out.push(vs, i + 1);
+            }
+        }
+        out.finish();
     }
 };
 

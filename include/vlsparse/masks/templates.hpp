@@ -153,6 +153,8 @@ struct MaskContext {
         v.image_start = image_start.data();
         v.image_end = image_end.data();
         v.frame_tokens = image_frame_tokens.empty() ? nullptr : image_frame_tokens.data();
+        v.sink_start = sink_start.data();
+        v.sink_pos = sink_pos.data();
         v.bidirectional = bidirectional_images ? 1 : 0;
         v.video = static_cast<int>(video);
         v.video_window = video_window;
@@ -203,48 +205,11 @@ struct MaskContext {
 
     // The keys query i may see, as sorted disjoint non-adjacent intervals (appended to `out` after
     // clearing it). Same set as allows(t, i, j) over j; O(segments + sinks) per row, plus O(window)
-    // for the atrous video mask.
+    // for the atrous video mask. One definition for the host and the GPU: MaskContextView::row_intervals.
     void row_intervals(MaskTemplate t, std::int64_t i, std::vector<KeyInterval>& out) const {
-        template_row_intervals(t, i, out);
-        if (video != VideoMask::none) restrict_to_video(t, i, out);
-    }
-
-    // The template's intervals alone (the video mask ignored).
-    void template_row_intervals(MaskTemplate t, std::int64_t i, std::vector<KeyInterval>& out) const {
         out.clear();
-        auto push = [&](std::int64_t lo, std::int64_t hi) { push_interval(out, lo, hi); };
-        const std::int32_t a = token_image[static_cast<std::size_t>(i)];
-        if (a < 0 || t == MaskTemplate::dense) {
-            push(0, a < 0 || !bidirectional_images ? i + 1 : image_end[static_cast<std::size_t>(a)]);
-            return;
-        }
-        const std::int64_t sa = image_start[static_cast<std::size_t>(a)];
-        const std::int64_t hi = bidirectional_images ? image_end[static_cast<std::size_t>(a)] : i + 1;
-        std::int64_t pos = 0;  // text between images: everything before sa that is not an image
-        for (std::int32_t b = 0; b < a; ++b) {
-            const auto sb = image_start[static_cast<std::size_t>(b)], eb = image_end[static_cast<std::size_t>(b)];
-            push(pos, sb);
-            if (t != MaskTemplate::document)
-                for (std::int64_t s = sink_start[static_cast<std::size_t>(b)]; s < sink_start[static_cast<std::size_t>(b) + 1]; ++s)
-                    push(sink_pos[static_cast<std::size_t>(s)], sink_pos[static_cast<std::size_t>(s)] + 1);
-            pos = eb;
-        }
-        push(pos, sa);
-        if (t == MaskTemplate::sink) {
-            bool self_done = false;
-            for (std::int64_t s = sink_start[static_cast<std::size_t>(a)]; s < sink_start[static_cast<std::size_t>(a) + 1]; ++s) {
-                const std::int64_t p = sink_pos[static_cast<std::size_t>(s)];
-                if (p >= hi) break;
-                if (!self_done && i < p) {
-                    push(i, i + 1);
-                    self_done = true;
-                }
-                push(p, p + 1);
-            }
-            if (!self_done) push(i, i + 1);
-        } else {
-            push(sa, hi);
-        }
+        view().row_intervals(static_cast<int>(t), i,
+                             [&](std::int64_t lo, std::int64_t hi) { out.push_back(KeyInterval{lo, hi}); });
     }
 
     // Number of keys query i may see.
@@ -253,66 +218,6 @@ struct MaskContext {
         std::int64_t c = 0;
         for (const auto& iv : scratch) c += iv.hi - iv.lo;
         return c;
-    }
-
-private:
-    // Appends [lo, hi) to sorted intervals, merging with the last one when they touch.
-    static void push_interval(std::vector<KeyInterval>& out, std::int64_t lo, std::int64_t hi) {
-        if (lo >= hi) return;
-        if (!out.empty() && out.back().hi >= lo) out.back().hi = std::max(out.back().hi, hi);
-        else out.push_back({lo, hi});
-    }
-
-    // Intersects a video query's template intervals with the video mask. The template never reaches
-    // past the query's own video, and inside it allows either every earlier key (Dense, Document,
-    // Document-Sink: the intersection is the video mask's own set) or the video's sinks plus the
-    // query (Sink: each sink is tested against the video mask). Keys before the video are untouched.
-    void restrict_to_video(MaskTemplate t, std::int64_t i, std::vector<KeyInterval>& out) const {
-        const std::int32_t a = token_image[static_cast<std::size_t>(i)];
-        if (a < 0) return;
-        const std::int64_t T = image_frame_tokens[static_cast<std::size_t>(a)];
-        if (T == 0) return;
-        const std::int64_t vs = image_start[static_cast<std::size_t>(a)];
-        while (!out.empty() && out.back().lo >= vs) out.pop_back();
-        if (!out.empty() && out.back().hi > vs) out.back().hi = vs;
-        if (t == MaskTemplate::sink) {  // the video's sinks before i that the video mask keeps, then i
-            for (std::int64_t x = sink_start[static_cast<std::size_t>(a)]; x < sink_start[static_cast<std::size_t>(a) + 1]; ++x) {
-                const std::int64_t p = sink_pos[static_cast<std::size_t>(x)];
-                if (p >= i) break;
-                if (video_allows(i, p)) push_interval(out, p, p + 1);
-            }
-            push_interval(out, i, i + 1);
-            return;
-        }
-        const std::int64_t fi = (i - vs) / T, si = (i - vs) % T;
-        const std::int64_t W = video_window > 0 ? video_window : T;
-        switch (video) {
-            case VideoMask::spatial:
-            case VideoMask::temporal:
-            case VideoMask::spatial_temporal:
-                if (fi == 0) {
-                    push_interval(out, vs, i + 1);
-                    break;
-                }
-                push_interval(out, vs, vs + T);
-                if (video != VideoMask::spatial && fi >= 2) {
-                    const std::int64_t p = vs + (fi - 1) * T + si;
-                    push_interval(out, p, p + 1);
-                }
-                if (video == VideoMask::temporal) push_interval(out, i, i + 1);
-                else push_interval(out, vs + fi * T, i + 1);
-                break;
-            case VideoMask::local_window: push_interval(out, std::max(vs, i - W + 1), i + 1); break;
-            case VideoMask::atrous: {
-                const std::int64_t steps = std::min(W - 1, (i - vs) / video_dilation);
-                for (std::int64_t s = steps; s >= 0; --s) {
-                    const std::int64_t p = i - s * video_dilation;
-                    push_interval(out, p, p + 1);
-                }
-                break;
-            }
-            case VideoMask::none: push_interval(out, vs, i + 1); break;
-        }
     }
 };
 

@@ -470,6 +470,8 @@ public:
         std::vector<std::int32_t> frames(static_cast<std::size_t>(ctx.images()), 0);
         for (std::size_t i = 0; i < ctx.image_frame_tokens.size() && i < frames.size(); ++i)
             frames[i] = static_cast<std::int32_t>(ctx.image_frame_tokens[i]);
+        std::vector<std::int32_t> sstart(ctx.sink_start.begin(), ctx.sink_start.end());
+        std::vector<std::int32_t> spos(ctx.sink_pos.begin(), ctx.sink_pos.end());
         std::vector<std::uint8_t> tmpl(heads.size());
         for (std::size_t h = 0; h < heads.size(); ++h) tmpl[h] = static_cast<std::uint8_t>(heads[h]);
         items_ = DeviceArray<detail::PrefillItem>(sorted);
@@ -479,6 +481,8 @@ public:
         image_start_ = DeviceArray<std::int32_t>(istart);
         image_end_ = DeviceArray<std::int32_t>(iend);
         frame_tokens_ = DeviceArray<std::int32_t>(frames);
+        sink_start_ = DeviceArray<std::int32_t>(sstart);
+        sink_pos_ = DeviceArray<std::int32_t>(spos);
         head_template_ = DeviceArray<std::uint8_t>(tmpl);
         mask_.context.n = static_cast<std::int32_t>(n_);
         mask_.context.token_image = token_image_.data();
@@ -486,6 +490,8 @@ public:
         mask_.context.image_start = image_start_.data();
         mask_.context.image_end = image_end_.data();
         mask_.context.frame_tokens = frame_tokens_.data();
+        mask_.context.sink_start = sink_start_.data();
+        mask_.context.sink_pos = sink_pos_.data();
         mask_.head_template = head_template_.data();
         mask_.context.bidirectional = ctx.bidirectional_images ? 1 : 0;
         mask_.context.video = static_cast<int>(ctx.video);
@@ -519,7 +525,7 @@ private:
     std::int64_t n_ = 0, H_ = 0, Hkv_ = 0, n_items_ = 0, n_segments_ = 0, allowed_ = 0, computed_ = 0, block_pairs_ = 0;
     DeviceArray<detail::PrefillItem> items_;
     DeviceArray<detail::PrefillSegment> segs_;
-    DeviceArray<std::int32_t> token_image_, image_start_, image_end_, frame_tokens_;
+    DeviceArray<std::int32_t> token_image_, image_start_, image_end_, frame_tokens_, sink_start_, sink_pos_;
     DeviceArray<std::uint8_t> token_sink_, head_template_;
     detail::DeviceMask mask_;
 };
