@@ -12,9 +12,9 @@
 //   run's error against it is reduced on the device (per row partial sums, added on the host in row
 //   order), so no output crosses to the host except in residual mode (prefill_output).
 // - Scoring: PrefillScoring on the device rows -- ZipVL (cuda::ZipVLSelector), H2O / SnapKV / FastV /
-//   A-VL's last-row scores (cuda::BaselineScorer); the policies rank them with their CPU code.
-//   PureKV's window scores, BlindSight's masks and the list-only baselines need no q / k arithmetic
-//   worth a kernel, or read the host views (PureKV: the window rows and V norms, O(window n d)).
+//   A-VL's last-row scores (cuda::BaselineScorer), PureKV's window scores (cuda::PureKVEstimator's
+//   kernels); the policies rank them with their CPU code. BlindSight's masks and the list-only
+//   baselines need no q / k arithmetic; PureKV's V norms (O(n d)) are read from the host views.
 // - KV cache: one bf16 buffer [n + decode_steps, H_kv, d] per run and layer indexed by position, and
 //   the positions each KV head holds, on the host (KvCache::keep's contract). Eviction only changes
 //   the position lists: decode reads the kept positions through row lists, so the bytes it reads are
@@ -38,6 +38,7 @@
 #include "vlsparse/cuda/common.cuh"
 #include "vlsparse/cuda/decode.cuh"
 #include "vlsparse/cuda/prefill.cuh"
+#include "vlsparse/cuda/purekv.cuh"
 #include "vlsparse/cuda/zipvl.cuh"
 #include "vlsparse/sim/backend.hpp"
 
@@ -236,6 +237,7 @@ public:
     std::vector<std::vector<double>> avl_h2o_scores(const PrefillLayer& in, AvlTextGroups groups,
                                                     const AttentionOptions& opt) override;
     TokenSelection snapkv_select(const PrefillLayer& in, const SnapKVParams& P) override;
+    PureKVScores purekv_window_scores(const PrefillLayer& in, const PureKVParams& P) override;
 
 private:
     CudaBackend* b_;
@@ -549,6 +551,18 @@ std::vector<std::vector<double>> CudaScoring::avl_h2o_scores(const PrefillLayer&
 TokenSelection CudaScoring::snapkv_select(const PrefillLayer& in, const SnapKVParams& P) {
     b_->check_rows(in, "cuda scoring: snapkv_select");
     return b_->scorer.snapkv_select(b_->qv(), b_->kv(), P);
+}
+
+// Eq. 2 by cuda::PureKVEstimator's window-score kernels: an estimator for this one layer (l0 = the
+// layer, no ST mask: only observe() runs), its scores copied back for the policy to rank.
+PureKVScores CudaScoring::purekv_window_scores(const PrefillLayer& in, const PureKVParams& P) {
+    b_->check_rows(in, "cuda scoring: purekv_window_scores");
+    PureKVParams one = P;
+    one.l0 = in.layer;
+    one.st.kind = VideoMask::none;
+    ::vlsparse::cuda::PureKVEstimator est(one, *in.layout, in.shape);
+    est.observe(in.layer, b_->qv(), b_->kv());
+    return est.scores(in.layer).to_host();
 }
 
 }  // namespace

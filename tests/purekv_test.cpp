@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <limits>
 #include <set>
+#include <stdexcept>
 #include <string>
 
 #include <vlsparse/attention/masked.hpp>
@@ -750,6 +751,96 @@ TEST_CASE("purekv: the Policy adapter drives the estimator layer by layer", "[pu
     PureKVParams bad = P;
     bad.l0 = 9;
     REQUIRE_THROWS_WITH(PureKVPolicy(bad).begin(layout, shape), Contains("l0 = 9 is beyond"));
+}
+
+namespace {
+// A scoring backend that computes PureKV's window scores with the SIMD path (as a GPU backend would with
+// its kernels), scaled by `factor`, and counts the calls; the other policies' scores are not asked for.
+class PureKVScoringProbe final : public PrefillScoring {
+public:
+    explicit PureKVScoringProbe(double factor) : factor_(factor) {}
+    int calls = 0;
+    std::string backend_name() const override { return "probe"; }
+    ZipVLSelection zipvl_select(const PrefillLayer&, const Layout&, const ZipVLParams&) override { throw std::logic_error("unused"); }
+    std::vector<double> last_row_scores(const PrefillLayer&, const AttentionOptions&) override { throw std::logic_error("unused"); }
+    std::vector<std::vector<double>> h2o_scores(const PrefillLayer&, BaselineGroups, const AttentionOptions&) override {
+        throw std::logic_error("unused");
+    }
+    std::vector<std::vector<double>> avl_h2o_scores(const PrefillLayer&, AvlTextGroups, const AttentionOptions&) override {
+        throw std::logic_error("unused");
+    }
+    TokenSelection snapkv_select(const PrefillLayer&, const SnapKVParams&) override { throw std::logic_error("unused"); }
+    PureKVScores purekv_window_scores(const PrefillLayer& in, const PureKVParams& P) override {
+        ++calls;
+        PureKVScores s = simd::purekv_window_scores(in.q, in.k, in.layer, P);
+        for (auto& g : s.s)
+            for (auto& x : g) x *= factor_;
+        return s;
+    }
+
+private:
+    double factor_;
+};
+}  // namespace
+
+TEST_CASE("purekv: the Policy adapter takes its window scores from the layer's scoring backend", "[purekv][policy]") {
+    const Layout layout = Layout::parse("text:6,image:30,text:10");
+    const std::int64_t n = layout.n(), L = 4, H = 4, Hkv = 2, d = 16;
+    const ModelShape shape{L, H, Hkv, d};
+    PureKVParams P;
+    P.window = 6;
+    P.l0 = 1;
+    for (bool own : {false, true}) {
+        INFO("own_layer_scores " << own);
+        // factor 1: the same scores as the SIMD path, so the same decisions; factor -1 reverses the
+        // ranking, so a policy that ignored the backend would keep a different set.
+        PureKVScoringProbe same(1.0), reversed(-1.0);
+        PureKVPolicy plain(P, own), via(P, own), flipped(P, own);
+        plain.begin(layout, shape);
+        via.begin(layout, shape);
+        flipped.begin(layout, shape);
+        bool differs = false;
+        for (std::int64_t l = 0; l < L; ++l) {
+            const auto in = purekv_make_qkv<float>(n, H, Hkv, d, vt::base_seed() + 760 + static_cast<std::uint64_t>(l));
+            PrefillLayer pl{&layout, shape, l, in.qv(), in.kv(), in.vv(), {}};
+            const PrefillDecision a = plain.prefill(pl);
+            pl.scoring = &same;
+            REQUIRE(via.prefill(pl).kv.indices == a.kv.indices);
+            pl.scoring = &reversed;
+            const PrefillDecision f = flipped.prefill(pl);
+            if (f.kv.indices != a.kv.indices) differs = true;
+        }
+        // Layers 0..l0 score their own window (lower_layers = own_scores by default); with the ablation,
+        // every layer does.
+        const int want = own ? static_cast<int>(L) : static_cast<int>(P.l0 + 1);
+        REQUIRE(same.calls == want);
+        REQUIRE(reversed.calls == want);
+        REQUIRE(differs);
+    }
+    // Scores of the wrong shape from a backend are an error, not a silent selection.
+    class WrongLayer final : public PrefillScoring {
+    public:
+        std::string backend_name() const override { return "wrong"; }
+        ZipVLSelection zipvl_select(const PrefillLayer&, const Layout&, const ZipVLParams&) override { throw std::logic_error("unused"); }
+        std::vector<double> last_row_scores(const PrefillLayer&, const AttentionOptions&) override { throw std::logic_error("unused"); }
+        std::vector<std::vector<double>> h2o_scores(const PrefillLayer&, BaselineGroups, const AttentionOptions&) override {
+            throw std::logic_error("unused");
+        }
+        std::vector<std::vector<double>> avl_h2o_scores(const PrefillLayer&, AvlTextGroups, const AttentionOptions&) override {
+            throw std::logic_error("unused");
+        }
+        TokenSelection snapkv_select(const PrefillLayer&, const SnapKVParams&) override { throw std::logic_error("unused"); }
+        PureKVScores purekv_window_scores(const PrefillLayer& in, const PureKVParams& Pw) override {
+            PureKVScores s = simd::purekv_window_scores(in.q, in.k, in.layer, Pw);
+            s.layer += 1;
+            return s;
+        }
+    } wrong;
+    PureKVPolicy p(P);
+    p.begin(layout, shape);
+    const auto in = purekv_make_qkv<float>(n, H, Hkv, d, 5);
+    REQUIRE_THROWS_WITH(p.prefill({&layout, shape, 0, in.qv(), in.kv(), in.vv(), {}, &wrong}),
+                        Contains("observe_scores") && Contains("expected layer 0"));
 }
 
 // ===================================================================================================

@@ -158,6 +158,24 @@ public:
         return *slot;
     }
 
+    // observe() with the window scores computed elsewhere from the same rows (another backend that holds
+    // them: the policy's PrefillScoring). Checks that they are Eq. 2 of this layer over this prompt with
+    // this grouping and window.
+    const PureKVScores& observe_scores(std::int64_t layer, PureKVScores s) {
+        constexpr const char* fn = "PureKVEstimator::observe_scores";
+        detail::check_purekv_observe(layer, P_, shape_, fn);
+        const std::int64_t G = P_.grouping == PureKVGrouping::kv_head ? shape_.kv_heads : 1;
+        detail::require(s.layer == layer && s.n == n() && s.window == P_.window && s.groups() == G, fn,
+                        "scores of layer ", s.layer, " over ", s.n, " tokens, window ", s.window, ", ", s.groups(),
+                        " groups; expected layer ", layer, ", ", n(), " tokens, window ", P_.window, ", ", G, " groups");
+        for (std::int64_t g = 0; g < G; ++g)
+            detail::require(static_cast<std::int64_t>(s.s[static_cast<std::size_t>(g)].size()) == n(), fn, "group ", g,
+                            " has ", s.s[static_cast<std::size_t>(g)].size(), " scores, expected ", n());
+        auto& slot = scores_[static_cast<std::size_t>(layer)];
+        slot = std::move(s);
+        return *slot;
+    }
+
     bool observed(std::int64_t layer) const {
         check_layer(layer, "PureKVEstimator::observed");
         return scores_[static_cast<std::size_t>(layer)].has_value();

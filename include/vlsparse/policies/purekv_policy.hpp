@@ -3,7 +3,9 @@
 //
 //   begin(layout, shape):  a fresh simd::PureKVEstimator for the prompt (checks l0 < layers, the window
 //                          against n, the budget range, st_start_layer)
-//   prefill(layer):        observe(q, k) when the layer computes its own window scores (layers <= l0);
+//   prefill(layer):        the window scores (Eq. 2) when the layer computes its own (layers <= l0),
+//                          from the layer's PrefillScoring when set (the simulator's CUDA backend),
+//                          else the SIMD path on q / k;
 //                          kv = window + top-h by Eq. 3 / Eq. 4 (per KV head by default);
 //                          mask = the ST-SpAttn block mask from st_start_layer on (video prompts), else
 //                          nullopt (causal dense); sparse_prefill = false (PureKV evicts after a full
@@ -46,9 +48,9 @@ struct PureKVPolicy : DecodeReadsAll {
                         in.layout->n(), " rows present); it does not combine with policies that drop rows");
         PureKVSelection s;
         if (own_layer_scores && in.layer > params.l0) {
-            s = simd::purekv_select(simd::purekv_window_scores(in.q, in.k, in.layer, params), in.v, in.layer, params);
+            s = simd::purekv_select(window_scores(in), in.v, in.layer, params);
         } else {
-            if (est_->needs_scores(in.layer)) est_->observe(in.layer, in.q, in.k);
+            if (est_->needs_scores(in.layer)) est_->observe_scores(in.layer, window_scores(in));
             s = est_->select(in.layer, in.v);
         }
         PrefillDecision d;
@@ -60,6 +62,13 @@ struct PureKVPolicy : DecodeReadsAll {
     const simd::PureKVEstimator* estimator() const { return est_ ? &*est_ : nullptr; }
 
 private:
+    // Eq. 2 of the layer: from the layer's scoring backend when it has one (PrefillLayer::scoring), else
+    // the SIMD path on the host views.
+    PureKVScores window_scores(const PrefillLayer& in) const {
+        if (in.scoring) return in.scoring->purekv_window_scores(in, params);
+        return simd::purekv_window_scores(in.q, in.k, in.layer, params);
+    }
+
     std::optional<simd::PureKVEstimator> est_;
 };
 

@@ -8,7 +8,7 @@
 // backend: the same rows as bf16 device tensors) sets PrefillLayer::scoring; the adapters then ask it
 // for the scores instead, and rank them with the same CPU code. A backend computes each quantity with
 // the definition the SIMD function of the same name documents (policies/zipvl.hpp, avl.hpp,
-// baselines.hpp); its precision is its own (docs/simulator.md, "The CUDA backend").
+// baselines.hpp, purekv.hpp); its precision is its own (docs/simulator.md, "The CUDA backend").
 //
 // This header is light on purpose (no SIMD code): a CUDA translation unit includes it to implement
 // PrefillScoring.
@@ -27,6 +27,7 @@
 #include "vlsparse/core/tensor.hpp"
 #include "vlsparse/policies/avl_select.hpp"
 #include "vlsparse/policies/baselines_select.hpp"
+#include "vlsparse/policies/purekv_params.hpp"
 #include "vlsparse/policies/zipvl_select.hpp"
 
 namespace vlsparse {
@@ -66,6 +67,9 @@ public:
                                                             const AttentionOptions& opt) = 0;
     // simd::snapkv_select(in.q, in.k, P): the kept rows (row indices of in's rows) with their scores.
     virtual TokenSelection snapkv_select(const PrefillLayer& in, const SnapKVParams& P) = 0;
+    // simd::purekv_window_scores(in.q, in.k, in.layer, P): PureKV's Eq. 2, the last P.window rows'
+    // attention summed per group (the policy ranks them, weighted by ||V||, on the CPU).
+    virtual PureKVScores purekv_window_scores(const PrefillLayer& in, const PureKVParams& P) = 0;
 };
 
 }  // namespace vlsparse
