@@ -34,7 +34,7 @@ inline InDType in_dtype(const py::array& a, const char* fn, const char* name) {
     const py::dtype dt = a.dtype();
     const char kind = dt.kind();
     const std::string order = py::str(dt.attr("byteorder")).cast<std::string>();
-    detail::require(order != ">", fn, name, ": big-endian array, expected native byte order");
+    ::vlsparse::require(order != ">", fn, name, ": big-endian array, expected native byte order");
     if (kind == 'f' && dt.itemsize() == 4) return InDType::f32;
     if (kind == 'f' && dt.itemsize() == 2) return InDType::f16;
     if (kind == 'u' && dt.itemsize() == 2) return InDType::bf16;
@@ -53,7 +53,7 @@ inline py::array usable(py::array a) {
 
 template <class T, int Rank>
 TensorView<const T, Rank> view(const py::array& a, const char* fn, const char* name) {
-    detail::require(a.ndim() == Rank, fn, name, " has ", a.ndim(), " dimensions, expected ", Rank);
+    ::vlsparse::require(a.ndim() == Rank, fn, name, " has ", a.ndim(), " dimensions, expected ", Rank);
     std::array<std::int64_t, Rank> shape{}, stride{};
     for (int i = 0; i < Rank; ++i) {
         shape[static_cast<std::size_t>(i)] = a.shape(i);
@@ -79,7 +79,7 @@ inline Inputs inputs(const char* fn, std::initializer_list<std::pair<const char*
             first_name = name;
             first = false;
         } else {
-            detail::require(t == in.dtype, fn, name, " has dtype ", dtype_name(a),
+            ::vlsparse::require(t == in.dtype, fn, name, " has dtype ", dtype_name(a),
                             ", expected the dtype of ", first_name, " (all inputs of a call share one element type)");
         }
         in.arrays.push_back(usable(a));
@@ -113,7 +113,7 @@ py::array_t<T> to_array(const std::vector<std::vector<T>>& m) {
     py::array_t<T> a({rows, cols});
     T* p = a.mutable_data();
     for (const auto& r : m) {
-        detail::require(static_cast<py::ssize_t>(r.size()) == cols, "vlsparse (python)", "ragged rows");
+        ::vlsparse::require(static_cast<py::ssize_t>(r.size()) == cols, "vlsparse (python)", "ragged rows");
         p = std::copy(r.begin(), r.end(), p);
     }
     return a;

@@ -53,7 +53,7 @@ void indexed_decode_on(View2<const T> q, const KvCache<T>& c, const CacheRows& r
 // q [H, d] of the cache's element type, and a new float32 output of its shape.
 py::array decode_query(const PyKvCache& cache, const py::array& q, const char* fn) {
     cache.require_dtype(q, fn, "q");
-    detail::require(q.ndim() == 2, fn, "q has ", q.ndim(), " dimensions, expected 2: [H, d]");
+    ::vlsparse::require(q.ndim() == 2, fn, "q has ", q.ndim(), " dimensions, expected 2: [H, d]");
     return usable(q);
 }
 
@@ -115,7 +115,7 @@ py::list rows_as_arrays(const CacheRows& rows) {
 
 std::vector<std::int64_t> positions_arg(const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& a,
                                         const char* fn, const char* name) {
-    detail::require(a.ndim() == 1, fn, name, " has ", a.ndim(), " dimensions, expected a 1-D list of positions");
+    ::vlsparse::require(a.ndim() == 1, fn, name, " has ", a.ndim(), " dimensions, expected a 1-D list of positions");
     return std::vector<std::int64_t>(a.data(), a.data() + a.size());
 }
 
@@ -171,7 +171,7 @@ void bind_cache_class(py::module_& m) {
             constexpr const char* fn = "KvCache.assign";
             c.require_dtype(k, fn, "k");
             c.require_dtype(v, fn, "v");
-            detail::require(positions.is_none() == seq_len.is_none(), fn,
+            ::vlsparse::require(positions.is_none() == seq_len.is_none(), fn,
                             "positions and seq_len go together (the rows' positions and the sequence length)");
             const py::array ka = usable(k), va = usable(v);
             std::vector<std::int64_t> pos;
@@ -314,11 +314,11 @@ struct PolicyHolder {
     std::mutex m;
 
     void require_begun(const char* fn) const {
-        detail::require(layout.has_value(), fn, "no prompt: call begin(layout, shape) first");
+        ::vlsparse::require(layout.has_value(), fn, "no prompt: call begin(layout, shape) first");
     }
     void check_selection(const TokenSelection& s, const char* fn, const char* name) const {
         require_begun(fn);
-        detail::require(s.n > 0, fn, name, ".n = ", s.n, ", expected the sequence length so far (> 0)");
+        ::vlsparse::require(s.n > 0, fn, name, ".n = ", s.n, ", expected the sequence length so far (> 0)");
         s.validate(shape.kv_heads, (std::string(fn) + ": " + name).c_str());
     }
 };
@@ -382,7 +382,7 @@ void bind_policy(py::module_& m, const char* name, ParamsFromJson params_from_js
             const std::vector<std::vector<double>> a = attn.value_or(std::vector<std::vector<double>>{});
             for (std::size_t r = 0; r < a.size(); ++r)
                 for (std::size_t i = 0; i < a[r].size(); ++i)
-                    detail::require(std::isfinite(a[r][i]), fn.c_str(), "attn[", r, "][", i, "] = ", a[r][i],
+                    ::vlsparse::require(std::isfinite(a[r][i]), fn.c_str(), "attn[", r, "][", i, "] = ", a[r][i],
                                     ", expected finite probabilities");
             std::lock_guard lock(h.m);
             h.check_selection(read, fn.c_str(), "read");
@@ -396,10 +396,10 @@ void bind_policy(py::module_& m, const char* name, ParamsFromJson params_from_js
             constexpr const char* fn = "H2OPolicy.accumulated";
             std::lock_guard lock(h.m);
             h.require_begun(fn);
-            detail::require(layer >= 0 && layer < h.shape.layers, fn, "layer = ", layer, ", expected 0 <= layer < ",
+            ::vlsparse::require(layer >= 0 && layer < h.shape.layers, fn, "layer = ", layer, ", expected 0 <= layer < ",
                             h.shape.layers);
             const auto& acc = h.policy.accumulated(layer);
-            detail::require(!acc.empty(), fn, "layer ", layer, " has no prefill state; call prefill() for it first");
+            ::vlsparse::require(!acc.empty(), fn, "layer ", layer, " has no prefill state; call prefill() for it first");
             return to_array(acc);
         }, "layer"_a,
            "The accumulated attention of `layer` by position: [G, length] float64 (G = H_kv or 1 by the "
@@ -410,7 +410,7 @@ void bind_policy(py::module_& m, const char* name, ParamsFromJson params_from_js
 // positions ascending, unique and >= 0.
 void check_cached(std::span<const std::int64_t> cached, const char* fn) {
     for (std::size_t i = 0; i < cached.size(); ++i)
-        detail::require(cached[i] >= 0 && (i == 0 || cached[i] > cached[i - 1]), fn, "cached[", i, "] = ", cached[i],
+        ::vlsparse::require(cached[i] >= 0 && (i == 0 || cached[i] > cached[i - 1]), fn, "cached[", i, "] = ", cached[i],
                         ", expected ascending unique positions >= 0");
 }
 
@@ -435,14 +435,14 @@ void bind_kv(py::module_& m, py::module_& ref, py::module_& simd_mod) {
     m.def("h2o_keep", [](std::vector<std::int64_t> cached, std::int64_t heavy, std::int64_t recent,
                          py::array_t<double, py::array::c_style | py::array::forcecast> scores) {
         constexpr const char* fn = "h2o_keep";
-        detail::require(heavy >= 0 && recent >= 0, fn, "heavy = ", heavy, ", recent = ", recent, ", expected >= 0");
+        ::vlsparse::require(heavy >= 0 && recent >= 0, fn, "heavy = ", heavy, ", recent = ", recent, ", expected >= 0");
         check_cached(cached, fn);
-        detail::require(scores.ndim() == 1, fn, "scores has ", scores.ndim(), " dimensions, expected 1: a score per position");
-        detail::require(cached.empty() || cached.back() < scores.size(), fn, "position ", cached.empty() ? 0 : cached.back(),
+        ::vlsparse::require(scores.ndim() == 1, fn, "scores has ", scores.ndim(), " dimensions, expected 1: a score per position");
+        ::vlsparse::require(cached.empty() || cached.back() < scores.size(), fn, "position ", cached.empty() ? 0 : cached.back(),
                         " has no score (scores has ", scores.size(), " entries)");
         const double* s = scores.data();
         for (auto p : cached)
-            detail::require(std::isfinite(s[p]), fn, "scores[", p, "] = ", s[p], ", expected finite scores");
+            ::vlsparse::require(std::isfinite(s[p]), fn, "scores[", p, "] = ", s[p], ", expected finite scores");
         return to_array(h2o_keep(std::span<const std::int64_t>(cached), heavy, recent, [&](std::int64_t p) { return s[p]; }));
     }, "cached"_a, "heavy"_a, "recent"_a, "scores"_a,
        "H2O's keep rule among `cached` (ascending positions): the last `recent` plus the `heavy` others with the "
@@ -451,7 +451,7 @@ void bind_kv(py::module_& m, py::module_& ref, py::module_& simd_mod) {
 
     m.def("streamingllm_keep", [](std::vector<std::int64_t> cached, std::int64_t sinks, std::int64_t recent) {
         constexpr const char* fn = "streamingllm_keep";
-        detail::require(sinks >= 0 && recent >= 0, fn, "sinks = ", sinks, ", recent = ", recent, ", expected >= 0");
+        ::vlsparse::require(sinks >= 0 && recent >= 0, fn, "sinks = ", sinks, ", recent = ", recent, ", expected >= 0");
         check_cached(cached, fn);
         return to_array(streamingllm_keep(std::span<const std::int64_t>(cached), sinks, recent));
     }, "cached"_a, "sinks"_a, "recent"_a,

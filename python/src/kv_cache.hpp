@@ -45,17 +45,17 @@ inline py::dtype numpy_dtype(InDType t) {
 // A model shape from a dict {"layers", "heads", "kv_heads", "head_dim"} (each an integer).
 inline ModelShape shape_arg(const py::object& o, const char* fn) {
     const nlohmann::json j = to_json(o);
-    detail::require(j.is_object(), fn, "shape: expected a dict {'layers', 'heads', 'kv_heads', 'head_dim'}");
+    ::vlsparse::require(j.is_object(), fn, "shape: expected a dict {'layers', 'heads', 'kv_heads', 'head_dim'}");
     ModelShape s;
     const std::pair<const char*, std::int64_t*> keys[] = {
         {"layers", &s.layers}, {"heads", &s.heads}, {"kv_heads", &s.kv_heads}, {"head_dim", &s.head_dim}};
     for (auto it = j.begin(); it != j.end(); ++it) {
         bool known = false;
         for (const auto& k : keys) known = known || it.key() == k.first;
-        detail::require(known, fn, "shape: unknown key '", it.key(), "', expected layers, heads, kv_heads, head_dim");
+        ::vlsparse::require(known, fn, "shape: unknown key '", it.key(), "', expected layers, heads, kv_heads, head_dim");
     }
     for (const auto& [key, dst] : keys) {
-        detail::require(j.contains(key) && j[key].is_number_integer(), fn, "shape.", key,
+        ::vlsparse::require(j.contains(key) && j[key].is_number_integer(), fn, "shape.", key,
                         j.contains(key) ? ": expected an integer" : ": missing");
         *dst = j[key].get<std::int64_t>();
     }
@@ -115,7 +115,7 @@ public:
     // A "does the array have the cache's element type" check, for the arrays a call gives.
     void require_dtype(const py::array& a, const char* fn, const char* name) const {
         const InDType t = in_dtype(a, fn, name);
-        detail::require(t == dtype_, fn, name, " has dtype ", dtype_name(a), ", expected the cache's dtype ",
+        ::vlsparse::require(t == dtype_, fn, name, " has dtype ", dtype_name(a), ", expected the cache's dtype ",
                         py::str(py::handle(numpy_dtype(dtype_))).cast<std::string>(),
                         " (all inputs of a call share one element type)");
     }

@@ -105,7 +105,7 @@ py::array_t<float> new_f32(std::initializer_list<py::ssize_t> shape) { return py
 
 // A new float32 array of q's shape (the output of an attention), after checking q's rank.
 py::array_t<float> new_like(const py::array& q, int rank, const char* fn) {
-    detail::require(q.ndim() == rank, fn, "q has ", q.ndim(), " dimensions, expected ", rank);
+    ::vlsparse::require(q.ndim() == rank, fn, "q has ", q.ndim(), " dimensions, expected ", rank);
     return py::array_t<float>(std::vector<py::ssize_t>(q.shape(), q.shape() + rank));
 }
 
@@ -219,7 +219,7 @@ void bind_backend(py::module_& m) {
         Inputs in = inputs(fn, {{"q", q}, {"k", k}, {"v", v}});
         py::array& K = in.arrays[1];
         py::array& Vv = in.arrays[2];
-        detail::require(K.ndim() == 4 && Vv.ndim() == 4, fn, "k and v have ", K.ndim(), " and ", Vv.ndim(),
+        ::vlsparse::require(K.ndim() == 4 && Vv.ndim() == 4, fn, "k and v have ", K.ndim(), " and ", Vv.ndim(),
                         " dimensions, expected 4: [B, capacity, H_kv, d] (contiguous) or [n_pages, page_size, H_kv, d] "
                         "(paged; an HND pool as a transposed view)");
         // One set of strides describes both K and V, with head_dim contiguous: otherwise both are copied.
@@ -234,7 +234,7 @@ void bind_backend(py::module_& m) {
         using I32 = py::array_t<std::int32_t, py::array::c_style | py::array::forcecast>;
         auto i32 = [&](const py::object& o, const char* name) {
             I32 a = I32::ensure(o);
-            detail::require(a && a.ndim() <= 2, fn, name, ": expected an array of integers");
+            ::vlsparse::require(a && a.ndim() <= 2, fn, name, ": expected an array of integers");
             return a;
         };
         const auto lens = i32(seq_lens, "seq_lens");
@@ -242,8 +242,8 @@ void bind_backend(py::module_& m) {
         const auto table = block_table.is_none() ? I32(0) : i32(block_table, "block_table");
         const auto lptr = list_indptr.is_none() ? I32(0) : i32(list_indptr, "list_indptr");
         const auto lidx = list_indices.is_none() ? I32(0) : i32(list_indices, "list_indices");
-        detail::require(list_indptr.is_none() == list_indices.is_none(), fn, "list_indptr and list_indices go together");
-        detail::require(block_table.is_none() || table.ndim() == 2, fn, "block_table has ", table.ndim(),
+        ::vlsparse::require(list_indptr.is_none() == list_indices.is_none(), fn, "list_indptr and list_indices go together");
+        ::vlsparse::require(block_table.is_none() || table.ndim() == 2, fn, "block_table has ", table.ndim(),
                         " dimensions, expected 2: [batch, pages per sequence]");
         auto out = new_like(q, 3, fn);
         const auto batch = static_cast<std::int32_t>(lens.size());
@@ -257,7 +257,7 @@ void bind_backend(py::module_& m) {
                                        static_cast<std::int32_t>(K.shape(3)), K.shape(1), K.strides(0) / e, K.strides(1) / e,
                                        K.strides(2) / e, paged ? K.shape(0) : 0, paged ? table.data() : nullptr,
                                        paged ? table.shape(1) : 0, lens.data()};
-            detail::require(paged || K.shape(0) == batch, fn, "k holds ", K.shape(0), " sequences, seq_lens ", batch, "; expected equal");
+            ::vlsparse::require(paged || K.shape(0) == batch, fn, "k holds ", K.shape(0), " sequences, seq_lens ", batch, "; expected equal");
             const BatchRowLists lists{list_indptr.is_none() ? nullptr : lptr.data(), list_indptr.is_none() ? nullptr : lidx.data(),
                                       lists_per_seq};
             const DecodeBatchHost meta{std::span<const std::int32_t>(lens.data(), static_cast<std::size_t>(lens.size())),
@@ -385,8 +385,8 @@ void bind_backend(py::module_& m) {
             const auto K = view<T, 3>(in.arrays[0], fn, "k"), Vv = view<T, 3>(in.arrays[1], fn, "v");
             const auto DQ = view<T, 3>(in.arrays[2], fn, "decode_q"), DK = view<T, 3>(in.arrays[3], fn, "decode_k"),
                        DV = view<T, 3>(in.arrays[4], fn, "decode_v");
-            detail::require(K.shape[0] == n, fn, "k has ", K.shape[0], " rows, the selection covers n = ", n, "; expected equal");
-            detail::require(DK.shape[0] == S && DV.shape[0] == S, fn, "decode_k and decode_v need ", S, " steps like decode_q");
+            ::vlsparse::require(K.shape[0] == n, fn, "k has ", K.shape[0], " rows, the selection covers n = ", n, "; expected equal");
+            ::vlsparse::require(DK.shape[0] == S && DV.shape[0] == S, fn, "decode_k and decode_v need ", S, " steps like decode_q");
             py::gil_scoped_release nogil;
             KvCache<T> cache = cache_from(K, Vv);
             cache.keep(sel.kept);
@@ -548,7 +548,7 @@ void bind_backend(py::module_& m) {
                             const std::string& pooling) {
         constexpr const char* fn = "snapkv_pool";
         const SnapKVPooling pl = enum_arg<SnapKVPooling>(pooling, fn, "pooling");
-        detail::require(scores.ndim() == 2, fn, "scores has ", scores.ndim(), " dimensions, expected 2: [G, n - window]");
+        ::vlsparse::require(scores.ndim() == 2, fn, "scores has ", scores.ndim(), " dimensions, expected 2: [G, n - window]");
         std::vector<std::vector<double>> r;
         for (py::ssize_t g = 0; g < scores.shape(0); ++g)
             r.push_back(B::Baseline::snapkv_pool(std::span<const double>(scores.data(g, 0), static_cast<std::size_t>(scores.shape(1))), kernel, pl));
@@ -734,7 +734,7 @@ void init_module(py::module_& m) {
     m.def("blindsight_aggregate", [](py::array_t<std::int64_t, py::array::c_style | py::array::forcecast> counts,
                                      py::object params) {
         const BlindSightParams P = blindsight_params(params);
-        detail::require(counts.ndim() == 2 && counts.shape(1) == 4, "blindsight_aggregate",
+        ::vlsparse::require(counts.ndim() == 2 && counts.shape(1) == 4, "blindsight_aggregate",
                         "counts: expected [heads, 4] (prompts per template: Dense, Sink, Document, Document-Sink)");
         std::vector<TemplateCounts> tc(static_cast<std::size_t>(counts.shape(0)));
         for (std::size_t i = 0; i < tc.size(); ++i)

@@ -114,7 +114,7 @@ void bind_estimator(py::module_& m) {
         .def("attention", [](const Holder& h, std::int64_t layer, py::array q, py::array k, py::array v) {
             constexpr const char* fn = "PureKVEstimator.attention";
             const Inputs in = inputs(fn, {{"q", q}, {"k", k}, {"v", v}});
-            detail::require(q.ndim() == 3, fn, "q has ", q.ndim(), " dimensions, expected 3");
+            ::vlsparse::require(q.ndim() == 3, fn, "q has ", q.ndim(), " dimensions, expected 3");
             py::array_t<float> out(std::vector<py::ssize_t>{q.shape(0), q.shape(1), q.shape(2)});
             View3<float> o(out.mutable_data(), {q.shape(0), q.shape(1), q.shape(2)});
             dispatch(in.dtype, [&](auto tag) {
@@ -133,7 +133,7 @@ void bind_estimator(py::module_& m) {
             constexpr const char* fn = "PureKVEstimator.prefill_layer";
             const Inputs in = inputs(fn, {{"q", q}, {"k", k}, {"v", v}});
             cache.require_dtype(k, fn, "k");
-            detail::require(q.ndim() == 3, fn, "q has ", q.ndim(), " dimensions, expected 3");
+            ::vlsparse::require(q.ndim() == 3, fn, "q has ", q.ndim(), " dimensions, expected 3");
             py::array_t<float> out(std::vector<py::ssize_t>{q.shape(0), q.shape(1), q.shape(2)});
             View3<float> o(out.mutable_data(), {q.shape(0), q.shape(1), q.shape(2)});
             PureKVSelection s = dispatch(in.dtype, [&](auto tag) {

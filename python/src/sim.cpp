@@ -22,14 +22,14 @@ using namespace pybind11::literals;
 // A scenario given as None (the built-in default), a dict (the scenario's JSON), or a path to a
 // scenario file; --set style overrides ("key.sub=value") applied after.
 sim::Scenario scenario_arg(const py::object& scenario, const std::vector<std::string>& sets) {
-    if (scenario.is_none()) return sim::detail::load_with_sets(std::nullopt, sets);
+    if (scenario.is_none()) return sim::load_scenario_with_sets(std::nullopt, sets);
     if (py::isinstance<py::dict>(scenario)) {
         nlohmann::json j = to_json(scenario);
         for (const auto& s : sets) sim::apply_set(j, s);
         return sim::scenario_from_json(j, "(python dict)", std::filesystem::current_path());
     }
     const std::string path = py::str(py::module_::import("os").attr("fspath")(scenario)).cast<std::string>();
-    return sim::detail::load_with_sets(path, sets);
+    return sim::load_scenario_with_sets(path, sets);
 }
 
 py::object run(const py::object& scenario, const std::vector<std::string>& sets, const std::string& command) {

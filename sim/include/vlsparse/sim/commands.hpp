@@ -35,10 +35,10 @@
 
 namespace vlsparse::sim {
 
-namespace detail {
-
-// The scenario named on the command line (or the built-in default), with --set overrides applied.
-inline Scenario load_with_sets(const std::optional<std::string>& file, const std::vector<std::string>& sets) {
+// The scenario of a run: the file (or, without one, the built-in default scenario) with `--set`
+// overrides ("key.path=value", cli.hpp's apply_set) applied, then parsed and checked. What the
+// commands and the Python module's sim.run load. Throws vlsparse::error naming the file and the key.
+inline Scenario load_scenario_with_sets(const std::optional<std::string>& file, const std::vector<std::string>& sets) {
     nlohmann::json j;
     std::string name = "(built-in default)";
     std::filesystem::path base;
@@ -62,6 +62,9 @@ inline Scenario load_with_sets(const std::optional<std::string>& file, const std
     for (const auto& s : sets) apply_set(j, s);
     return scenario_from_json(j, name, base);
 }
+
+namespace detail {
+
 
 struct ReportPaths {
     std::filesystem::path out = ".";
@@ -176,7 +179,7 @@ inline bool study_option(Args& a, StudyOptions& o) {
 // The scenario of claims or realism with its --set overrides, the JSON report's path checked before
 // the run, and the command's header printed.
 inline Scenario start_study(const StudyOptions& o, const char* command) {
-    const Scenario s = load_with_sets(o.scenario, o.sets);
+    const Scenario s = load_scenario_with_sets(o.scenario, o.sets);
     if (o.json) check_writable(*o.json, "JSON report");
     print_header(stdout, command, s, nullptr);
     std::fflush(stdout);
@@ -199,7 +202,7 @@ inline SweepOptions run_sweep_options() {
 inline int cmd_run(Args& a) {
     detail::ReportPaths o;
     if (!detail::parse_report_args(a, o, kRunUsage, true)) return 0;
-    const Scenario s = detail::load_with_sets(o.scenario, o.sets);
+    const Scenario s = load_scenario_with_sets(o.scenario, o.sets);
     detail::check_report_paths(o, "sim-report.html");
     if (!o.no_sweep) check_memory(s, sweep_policies(s).size() + 1);
     print_header(stdout, "run", s, nullptr);
@@ -262,7 +265,7 @@ inline std::vector<PolicyToRun> sweep_policies(const Scenario& s) {
 inline int cmd_compare(Args& a) {
     detail::ReportPaths o;
     if (!detail::parse_report_args(a, o, kCompareUsage)) return 0;
-    const Scenario s = detail::load_with_sets(o.scenario, o.sets);
+    const Scenario s = load_scenario_with_sets(o.scenario, o.sets);
     detail::check_report_paths(o, "sim-compare.html");
     std::vector<PolicyToRun> runs = sweep_policies(s);
     check_memory(s, runs.size() + 1);  // the scenario was checked for one run per policy; compare runs the sweeps
@@ -315,7 +318,7 @@ inline int cmd_sweep(Args& a) {
         detail::at_most_one(a, o.scenario, detail::kOneScenario));
     if (!parsed) return 0;
     check_sweep_options(so, "vlsparse-sim sweep");
-    const Scenario s = detail::load_with_sets(o.scenario, o.sets);
+    const Scenario s = load_scenario_with_sets(o.scenario, o.sets);
     detail::check_report_paths(o, "sim-sweep.html");
     check_memory(s, sweep_policies(s).size() + 1);
     print_header(stdout, "sweep", s, nullptr);
@@ -414,7 +417,7 @@ inline int cmd_fit(Args& a) {
         detail::at_most_one(a, file, detail::kOneScenario));
     if (!parsed) return 0;
     if (!file) a.fail("missing TARGET: a scenario whose source to fit (e.g. one with a dump source)");
-    const Scenario s = detail::load_with_sets(file, sets);
+    const Scenario s = load_scenario_with_sets(file, sets);
     if (s.model.head_dim < 8) a.fail("the target's head_dim = " + std::to_string(s.model.head_dim) + ", the generator needs >= 8");
     check_writable(out, "fitted scenario");
     print_header(stdout, "fit", s, nullptr);
@@ -475,7 +478,7 @@ inline int cmd_characterize(Args& a) {
         detail::at_most_one(a, file));
     if (!parsed) return 0;
     check_blindsight_params(P, "vlsparse-sim characterize");
-    Scenario s = detail::load_with_sets(file, sets);
+    Scenario s = load_scenario_with_sets(file, sets);
     check_writable(out, "head map");
     if (svg_out) check_writable(*svg_out, "head map picture");
     if (s.source.kind == SourceKind::dump && prompts > 1) {
@@ -556,7 +559,7 @@ inline int cmd_masks(Args& a) {
     if (layout_spec) {
         layout = Layout::parse(*layout_spec);
     } else {
-        s = detail::load_with_sets(file, {});
+        s = load_scenario_with_sets(file, {});
         layout = s.layout;
     }
     {  // the mask context (a few bytes per token) and one picture at a time: a rectangle per run of
@@ -721,7 +724,7 @@ inline int cmd_export(Args& a) {
     if (!parsed) return 0;
     if (pos.empty()) a.fail("missing OUTDIR");
     const std::optional<std::string> file = pos.size() == 2 ? std::optional<std::string>(pos[0]) : std::nullopt;
-    const Scenario s = detail::load_with_sets(file, sets);
+    const Scenario s = load_scenario_with_sets(file, sets);
     const std::filesystem::path dir = pos.back();
     const ExportResult r = export_scenario(s, dir, opt);
     std::printf("exported %lld layers x %lld rows (%lld prompt + %lld decode) of '%s' to %s\n",
