@@ -186,7 +186,9 @@ TEST_CASE("cuda purekv: the estimator against the reference on random inputs", "
         P.lower_layers = PureKVLowerLayers::own_scores;
         random_case<bfloat16>(777, 8, 2, 64, P, false, ++seed);
         random_case<vlsparse::half>(1500, 8, 4, 128, P, true, ++seed);
-        random_case<float>(300, 4, 4, 40, P, false, ++seed);
+        random_case<float>(300, 4, 4, 40, P, false, ++seed);  // d = 40: V norms one warp per position
+        random_case<float>(301, 4, 2, 128, P, true, ++seed);  // fp32 rows of 512 bytes: one head per warp load
+        random_case<bfloat16>(203, 6, 3, 128, P, false, ++seed);  // H_kv odd: the second half-warp idle on the last load
         P.l0 = 1;
         P.window = 5;
         P.lower_layers = PureKVLowerLayers::dense;

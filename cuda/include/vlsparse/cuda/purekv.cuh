@@ -151,6 +151,123 @@ __global__ void purekv_importance_kernel(const TV* v, std::int64_t s0, std::int6
     if (__any_sync(0xffffffffu, bad) && lane == 0) atomicOr(status, kVNonFinite);
 }
 
+// Sum of squares of the 16 bytes `r` read as elements of TV (8 bf16 / fp16, 4 fp32), in element order;
+// `bad` set when one is NaN or Inf.
+template <class TV>
+__device__ __forceinline__ float sum_squares16(const uint4& r, bool& bad) {
+    const unsigned w[4] = {r.x, r.y, r.z, r.w};
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        if constexpr (std::is_same_v<TV, float>) {
+            const float x = __uint_as_float(w[i]);
+            bad |= !isfinite(x);
+            ss = fmaf(x, x, ss);
+        } else {
+            float lo, hi;
+            if constexpr (std::is_same_v<TV, bfloat16>) {
+                lo = __uint_as_float(w[i] << 16);
+                hi = __uint_as_float(w[i] & 0xffff0000u);
+            } else {
+                lo = __half2float(__ushort_as_half(static_cast<unsigned short>(w[i] & 0xffffu)));
+                hi = __half2float(__ushort_as_half(static_cast<unsigned short>(w[i] >> 16)));
+            }
+            bad |= !isfinite(lo) || !isfinite(hi);
+            ss = fmaf(lo, lo, ss);
+            ss = fmaf(hi, hi, ss);
+        }
+    }
+    return ss;
+}
+
+// purekv_importance_kernel for rows whose elements are contiguous and 16-byte aligned, with a head row
+// of LPH x 16 bytes (bf16 / fp16 d = 64 / 128 / 256, fp32 d = 32 / 64 / 128): each lane reads 16 bytes,
+// a warp 32 / LPH heads of a position per load, and it keeps the loads of kPos positions in flight
+// before it reduces any (the one-warp-per-position kernel waited on each head in turn).
+inline constexpr int kImportancePos = 4;
+template <class TV, int LPH>
+__global__ void purekv_importance_vec_kernel(const TV* v, std::int64_t s0, std::int64_t s1, int n, int Hkv, int G,
+                                             int m, const float* s, float* vnorm, float* imp, int* status) {
+    constexpr int HPL = 32 / LPH, P = kImportancePos;
+    const int lane = threadIdx.x & 31, sub = lane / LPH, part = lane % LPH;
+    const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x >> 5);
+    bool bad = false;
+    for (std::int64_t j0 = (static_cast<std::int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5)) * P; j0 < n;
+         j0 += warps * P) {
+        float mean[P];
+#pragma unroll
+        for (int p = 0; p < P; ++p) mean[p] = 0.0f;
+        for (int h0 = 0; h0 < Hkv; h0 += HPL) {
+            const int g = h0 + sub;
+            uint4 raw[P];
+#pragma unroll
+            for (int p = 0; p < P; ++p) {
+                raw[p] = make_uint4(0u, 0u, 0u, 0u);
+                if (j0 + p < n && g < Hkv) raw[p] = __ldg(reinterpret_cast<const uint4*>(v + (j0 + p) * s0 + g * s1) + part);
+            }
+#pragma unroll
+            for (int p = 0; p < P; ++p) {
+                float ss = sum_squares16<TV>(raw[p], bad);
+#pragma unroll
+                for (int o = LPH / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+                const float norm = sqrtf(ss);
+                const std::int64_t j = j0 + p;
+                if (G == 1) {
+                    // The heads of this load in order, as the one-warp kernel adds them: lane 0 takes
+                    // each sub-group's norm in turn.
+#pragma unroll
+                    for (int t = 0; t < HPL; ++t) {
+                        const float nt = __shfl_sync(0xffffffffu, norm, t * LPH);
+                        if (h0 + t < Hkv) mean[p] += nt / static_cast<float>(Hkv);
+                    }
+                } else if (part == 0 && j < n && g < Hkv) {
+                    const std::int64_t at = static_cast<std::int64_t>(g) * n + j;
+                    vnorm[at] = norm;
+                    imp[at] = j < m ? s[at] * norm : 0.0f;
+                }
+            }
+        }
+        if (G == 1 && lane == 0)
+#pragma unroll
+            for (int p = 0; p < P; ++p)
+                if (j0 + p < n) {
+                    const std::int64_t j = j0 + p;
+                    vnorm[j] = mean[p];
+                    imp[j] = j < m ? s[j] * mean[p] : 0.0f;
+                }
+    }
+    if (__any_sync(0xffffffffu, bad) && lane == 0) atomicOr(status, kVNonFinite);
+}
+
+// Launches the importance kernel for v: the vectorized one where v's rows allow it, else one warp per
+// position.
+template <class TV>
+void launch_purekv_importance(View3<const TV> v, int n, int Hkv, int d, int G, int m, const float* s, float* vnorm,
+                              float* imp, int* status, cudaStream_t stream, const char* fn) {
+    using T = std::remove_const_t<TV>;
+    constexpr int E = static_cast<int>(16 / sizeof(T));
+    const int lph = d % E == 0 ? d / E : 0;
+    const bool vec = v.stride[2] == 1 && (lph == 8 || lph == 16 || lph == 32) && v.stride[0] % E == 0 &&
+                     v.stride[1] % E == 0 && (reinterpret_cast<std::uintptr_t>(v.data) & 15u) == 0;
+    if (vec) {
+        const std::int64_t warps_needed = (n + kImportancePos - 1) / kImportancePos;
+        const auto blocks = static_cast<unsigned>(std::clamp<std::int64_t>((warps_needed + 7) / 8, 1, 8192));
+        const T* p = v.data;
+        if (lph == 8)
+            purekv_importance_vec_kernel<T, 8><<<blocks, 256, 0, stream>>>(p, v.stride[0], v.stride[1], n, Hkv, G, m, s, vnorm, imp, status);
+        else if (lph == 16)
+            purekv_importance_vec_kernel<T, 16><<<blocks, 256, 0, stream>>>(p, v.stride[0], v.stride[1], n, Hkv, G, m, s, vnorm, imp, status);
+        else
+            purekv_importance_vec_kernel<T, 32><<<blocks, 256, 0, stream>>>(p, v.stride[0], v.stride[1], n, Hkv, G, m, s, vnorm, imp, status);
+        check_launch(fn, "purekv_importance_vec_kernel");
+        return;
+    }
+    const auto blocks = static_cast<unsigned>(std::clamp<std::int64_t>((static_cast<std::int64_t>(n) + 7) / 8, 1, 8192));
+    purekv_importance_kernel<T><<<blocks, 256, 0, stream>>>(v.data, v.stride[0], v.stride[1], v.stride[2], n, Hkv, d, G, m,
+                                                             s, vnorm, imp, status);
+    check_launch(fn, "purekv_importance_kernel");
+}
+
 }  // namespace detail
 
 // The cross-layer estimator of one prefill, on the device (see the header comment). Not thread-safe:
@@ -255,14 +372,9 @@ public:
         auto* status = reinterpret_cast<int*>(base + 2 * b);
         detail::check_cuda(cudaMemcpyAsync(status, sl.status.data(), sizeof(int), cudaMemcpyDeviceToDevice, stream), fn,
                            "cudaMemcpyAsync");
-        {
-            const std::int64_t warps_needed = n;
-            const unsigned blocks = static_cast<unsigned>(std::clamp<std::int64_t>((warps_needed + 7) / 8, 1, 8192));
-            detail::purekv_importance_kernel<std::remove_const_t<TV>><<<blocks, 256, 0, stream>>>(
-                v.data, v.stride[0], v.stride[1], v.stride[2], static_cast<int>(n), static_cast<int>(shape_.kv_heads),
-                static_cast<int>(shape_.head_dim), static_cast<int>(G_), static_cast<int>(m), sl.s.data(), vn, imp, status);
-            detail::check_launch(fn, "purekv_importance_kernel");
-        }
+        detail::launch_purekv_importance(v, static_cast<int>(n), static_cast<int>(shape_.kv_heads),
+                                         static_cast<int>(shape_.head_dim), static_cast<int>(G_), static_cast<int>(m),
+                                         sl.s.data(), vn, imp, status, stream, fn);
         lists_.begin(G_, n, m, n, {}, stream, fn);
         for (std::int64_t g = 0; g < G_; ++g) lists_.rank(g, 0, m, h);
         lists_.run_tasks(imp, n, {}, stream, fn);
