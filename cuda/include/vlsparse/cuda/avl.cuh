@@ -155,6 +155,7 @@ __global__ void __launch_bounds__(kSelectThreads) avl_refresh_kernel(const __gri
 
 template <int Unused = 0>
 __global__ void avl_scatter_kernel(const float* col, int rsplit, int Hkv, int m, const std::int32_t* present, float* scores) {
+    dependent_entry();  // programmatic dependent launch: see common.cuh
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < m; i += gridDim.x * blockDim.x) {
         float a = 0.0f;
         for (int z = 0; z < rsplit; ++z)
@@ -283,9 +284,9 @@ private:
             for (auto p : pr) present_mask_[static_cast<std::size_t>(p)] = 1;
         }
         const unsigned blocks = static_cast<unsigned>(std::clamp<std::int64_t>((m + 255) / 256, 1, 4096));
-        detail::avl_scatter_kernel<><<<blocks, 256, 0, stream>>>(pc.col, pc.rsplit, static_cast<int>(Hkv), static_cast<int>(m),
+        detail::launch_dependent(detail::avl_scatter_kernel<>, blocks, 256, 0, stream, fn, "avl_scatter_kernel",
+                         pc.col, pc.rsplit, static_cast<int>(Hkv), static_cast<int>(m),
                                                                   present.empty() ? nullptr : present_d, scores_);
-        detail::check_launch(fn, "avl_scatter_kernel");
         status_ = pc.status;
         H_ = H;
         return pr;
@@ -511,7 +512,7 @@ public:
             a.probs = probs;
             a.out = base_[next];
             a.slot = static_cast<int>(refreshes_ & 1);
-            detail::launch_select_kernel(detail::avl_refresh_kernel<>, refresh_spans_, launch_, stream, a, fn, "avl_refresh_kernel");
+            detail::launch_select_kernel(detail::avl_refresh_kernel<>, refresh_spans_, launch_, stream, a, fn, "avl_refresh_kernel", false);
             ++refreshes_;
             if (check) {
                 int st = 0;

@@ -52,6 +52,7 @@ namespace detail {
 // (zero padding counted, as F.avg_pool1d), max ignores the padding. mode: 0 none, 1 avg, 2 max.
 template <int Unused = 0>
 __global__ void pool1d_kernel(const float* in, int G, int L, int kernel, int mode, float* out) {
+    dependent_entry();  // programmatic dependent launch: see common.cuh
     const std::int64_t total = static_cast<std::int64_t>(G) * L;
     const int r = kernel / 2;
     for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
@@ -284,14 +285,14 @@ private:
         float* pooled = sums + b / 4;
         const unsigned blocks = static_cast<unsigned>(std::clamp<std::int64_t>((G * L + 255) / 256, 1, 4096));
         if (L > 0) {
-            detail::group_column_sums_kernel<><<<blocks, 256, 0, stream>>>(pc.col, pc.rsplit, static_cast<int>(Hkv),
+            detail::launch_dependent(detail::group_column_sums_kernel<>, blocks, 256, 0, stream, fn, "group_column_sums_kernel",
+                             pc.col, pc.rsplit, static_cast<int>(Hkv),
                                                                             static_cast<int>(n), static_cast<int>(G),
                                                                             static_cast<int>(L), static_cast<int>(L), sums);
-            detail::check_launch(fn, "group_column_sums_kernel");
             if (pool_mode >= 0) {
-                detail::pool1d_kernel<><<<blocks, 256, 0, stream>>>(sums, static_cast<int>(G), static_cast<int>(L), kernel,
+                detail::launch_dependent(detail::pool1d_kernel<>, blocks, 256, 0, stream, fn, "pool1d_kernel",
+                                 sums, static_cast<int>(G), static_cast<int>(L), kernel,
                                                                     pool_mode, pooled);
-                detail::check_launch(fn, "pool1d_kernel");
             }
         }
         return {pool_mode >= 0 ? pooled : sums, pc.status, G, L};

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "vlsparse/core/dtype.hpp"
@@ -93,6 +94,48 @@ private:
 };
 
 namespace detail {
+
+// ---- programmatic dependent launch (sm_90+) -----------------------------------------------------
+//
+// A kernel launched by launch_dependent() (or a ClusterLaunchConfig with `dependent`) may be
+// launched before the kernel ahead of it in the stream has been retired, so that its launch overlaps
+// that kernel's completion. Every such kernel begins with dependent_entry(): it waits there until the
+// kernels before it have completed and their memory is visible (griddepcontrol.wait), before it
+// reads or writes anything. No kernel triggers its dependents early (griddepcontrol.launch_dependents),
+// so a dependent grid is never resident beside the one it follows. Launched without the attribute, or
+// on a GPU before sm_90, it is a no-op.
+__device__ __forceinline__ void dependent_entry() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// True when the current device takes programmatic dependent launches (compute capability 9.0+).
+inline bool dependent_launch_supported(const char* fn) {
+    int dev = 0, major = 0;
+    check_cuda(cudaGetDevice(&dev), fn, "cudaGetDevice");
+    check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), fn, "cudaDeviceGetAttribute");
+    return major >= 9;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent launch where the device
+// supports it (the kernel must begin with dependent_entry()); launch errors as vlsparse::error.
+template <class... KernelArgs, class... Args>
+void launch_dependent(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
+                      const char* fn, const char* name, Args&&... args) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1]{};
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = dependent_launch_supported(fn) ? 1 : 0;
+    check_cuda(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), fn, name);
+    check_launch(fn, name);
+}
 
 // ---- element loads and stores, widened to / rounded from fp32 -----------------------------------
 

@@ -118,6 +118,7 @@ inline constexpr int kVNonFinite = 8;  // status bit: NaN / Inf in v
 template <class TV>
 __global__ void purekv_importance_kernel(const TV* v, std::int64_t s0, std::int64_t s1, std::int64_t s2, int n, int Hkv,
                                          int d, int G, int m, const float* s, float* vnorm, float* imp, int* status) {
+    dependent_entry();  // programmatic dependent launch: see common.cuh
     const int lane = threadIdx.x & 31;
     const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x >> 5);
     bool bad = false;
@@ -188,6 +189,7 @@ inline constexpr int kImportancePos = 4;
 template <class TV, int LPH>
 __global__ void purekv_importance_vec_kernel(const TV* v, std::int64_t s0, std::int64_t s1, int n, int Hkv, int G,
                                              int m, const float* s, float* vnorm, float* imp, int* status) {
+    dependent_entry();  // programmatic dependent launch: see common.cuh
     constexpr int HPL = 32 / LPH, P = kImportancePos;
     const int lane = threadIdx.x & 31, sub = lane / LPH, part = lane % LPH;
     const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x >> 5);
@@ -253,19 +255,15 @@ void launch_purekv_importance(View3<const TV> v, int n, int Hkv, int d, int G, i
         const std::int64_t warps_needed = (n + kImportancePos - 1) / kImportancePos;
         const auto blocks = static_cast<unsigned>(std::clamp<std::int64_t>((warps_needed + 7) / 8, 1, 8192));
         const T* p = v.data;
-        if (lph == 8)
-            purekv_importance_vec_kernel<T, 8><<<blocks, 256, 0, stream>>>(p, v.stride[0], v.stride[1], n, Hkv, G, m, s, vnorm, imp, status);
-        else if (lph == 16)
-            purekv_importance_vec_kernel<T, 16><<<blocks, 256, 0, stream>>>(p, v.stride[0], v.stride[1], n, Hkv, G, m, s, vnorm, imp, status);
-        else
-            purekv_importance_vec_kernel<T, 32><<<blocks, 256, 0, stream>>>(p, v.stride[0], v.stride[1], n, Hkv, G, m, s, vnorm, imp, status);
-        check_launch(fn, "purekv_importance_vec_kernel");
+        auto* k = lph == 8 ? purekv_importance_vec_kernel<T, 8>
+                           : lph == 16 ? purekv_importance_vec_kernel<T, 16> : purekv_importance_vec_kernel<T, 32>;
+        launch_dependent(k, blocks, 256, 0, stream, fn, "purekv_importance_vec_kernel", p, v.stride[0], v.stride[1], n, Hkv,
+                         G, m, s, vnorm, imp, status);
         return;
     }
     const auto blocks = static_cast<unsigned>(std::clamp<std::int64_t>((static_cast<std::int64_t>(n) + 7) / 8, 1, 8192));
-    purekv_importance_kernel<T><<<blocks, 256, 0, stream>>>(v.data, v.stride[0], v.stride[1], v.stride[2], n, Hkv, d, G, m,
-                                                             s, vnorm, imp, status);
-    check_launch(fn, "purekv_importance_kernel");
+    launch_dependent(purekv_importance_kernel<T>, blocks, 256, 0, stream, fn, "purekv_importance_kernel", v.data,
+                     v.stride[0], v.stride[1], v.stride[2], n, Hkv, d, G, m, s, vnorm, imp, status);
 }
 
 }  // namespace detail
@@ -321,10 +319,9 @@ public:
         // The probe status is sticky for the layer: copied next to the scores.
         if (sl.status.size() != 1) sl.status = DeviceArray<int>(1);
         // s[g][j]: the window's column sums for j < m, 0 on the window.
-        detail::group_column_sums_kernel<><<<grid_for(G_ * n), 256, 0, stream>>>(
-            pc.col, pc.rsplit, static_cast<int>(Hkv), static_cast<int>(n), static_cast<int>(G_), static_cast<int>(m),
+        detail::launch_dependent(detail::group_column_sums_kernel<>, grid_for(G_ * n), 256, 0, stream, fn, "group_column_sums_kernel",
+                         pc.col, pc.rsplit, static_cast<int>(Hkv), static_cast<int>(n), static_cast<int>(G_), static_cast<int>(m),
             static_cast<int>(n), sl.s.data());
-        detail::check_launch(fn, "group_column_sums_kernel");
         detail::check_cuda(cudaMemcpyAsync(sl.status.data(), pc.status, sizeof(int), cudaMemcpyDeviceToDevice, stream), fn,
                            "cudaMemcpyAsync");
         sl.scores = DevicePureKVScores{layer, n, w, shape_.heads / G_, G_, sl.s.data()};

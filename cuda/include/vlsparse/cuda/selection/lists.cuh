@@ -119,6 +119,7 @@ struct MarkArgs {
 template <int Unused = 0>
 __global__ void init_keep_kernel(std::uint8_t* keep, int G, int n, int f_lo, int f_hi, const std::uint8_t* forced,
                                  int* status) {
+    dependent_entry();  // programmatic dependent launch: see common.cuh
     if (blockIdx.x == 0 && threadIdx.x == 0) *status = 0;
     const std::int64_t total = static_cast<std::int64_t>(G) * n;
     for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
@@ -133,6 +134,7 @@ __global__ void init_keep_kernel(std::uint8_t* keep, int G, int n, int f_lo, int
 // and marks its slice of the task's positions.
 template <int Unused = 0>
 __global__ void __launch_bounds__(kSelectThreads) mark_topk_kernel(const __grid_constant__ MarkArgs a) {
+    dependent_entry();  // programmatic dependent launch: see common.cuh
     __shared__ RadixShared sh;
     __shared__ int s_count, s_bad;
     extern __shared__ __align__(16) unsigned char mark_dyn[];
@@ -219,6 +221,7 @@ struct KeepListsArgs {
 // group (grid G x team size): each block compacts its slice after the earlier slices' counts.
 template <int Unused = 0>
 __global__ void __launch_bounds__(kSelectThreads) keep_lists_kernel(const __grid_constant__ KeepListsArgs a) {
+    dependent_entry();  // programmatic dependent launch: see common.cuh
     __shared__ RadixShared sh;
     const RadixTeam team = RadixTeam::current();
     const int g = static_cast<int>(blockIdx.x) / team.size;
@@ -273,9 +276,9 @@ public:
             fd = forced_;
         }
         const auto clamp = [&](std::int64_t x) { return static_cast<int>(std::clamp<std::int64_t>(x, 0, n)); };
-        init_keep_kernel<><<<grid_for(G * n), 256, 0, stream>>>(keep_, static_cast<int>(G), static_cast<int>(n), clamp(f_lo),
+        launch_dependent(init_keep_kernel<>, grid_for(G * n), 256, 0, stream, fn, "init_keep_kernel",
+                         keep_, static_cast<int>(G), static_cast<int>(n), clamp(f_lo),
                                                                 clamp(f_hi), fd, status_);
-        check_launch(fn, "init_keep_kernel");
     }
 
     // Adds "the top k of scores[g][lo, hi) (among the eligible positions)" for group g.
@@ -373,8 +376,8 @@ public:
         launch_select_kernel(kk, G, L, stream, ka, fn, "keep_lists_kernel");
         if (G > 1) {
             const dim3 pgrid(static_cast<unsigned>(G), static_cast<unsigned>((n + kPackSpan - 1) / kPackSpan));
-            pack_lists_kernel<><<<pgrid, 256, 0, stream>>>(lists_, count_, n, G, indices_, indptr_);
-            check_launch(fn, "pack_lists_kernel");
+            launch_dependent(pack_lists_kernel<>, pgrid, 256, 0, stream, fn, "pack_lists_kernel",
+                             lists_, count_, n, G, indices_, indptr_);
         }
     }
     void enqueue_read(cudaStream_t stream, const char* fn, const int* extra_status = nullptr) {

@@ -148,6 +148,7 @@ __device__ __forceinline__ void merge_ml(float& m, float& l, float m2, float l2)
 // gq and gq + 8 of the chunk, columns 16 ks + 2 tq + {0, 1} and + 8. Dims past d and padding rows are 0.
 template <class T, int D>
 __global__ void probe_pack_mma_kernel(const ProbeArgs a) {
+    dependent_entry();  // programmatic dependent launch: see common.cuh
     constexpr int KS = D / 16;
     const std::int64_t chunks = static_cast<std::int64_t>(a.qpk) * a.npc;
     const std::int64_t total = static_cast<std::int64_t>(a.Hkv) * chunks * KS * 32;
@@ -181,6 +182,7 @@ __global__ void probe_pack_mma_kernel(const ProbeArgs a) {
 // One thread per element of the fp32 probe rows [H_kv][qpk * npc * 16][d].
 template <int Unused = 0>
 __global__ void probe_pack_simt_kernel(const ProbeArgs a) {
+    dependent_entry();  // programmatic dependent launch: see common.cuh
     const std::int64_t rows = static_cast<std::int64_t>(a.qpk) * a.npc * 16;
     const std::int64_t total = static_cast<std::int64_t>(a.Hkv) * rows * a.d;
     const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -228,6 +230,7 @@ constexpr std::size_t probe_cols_smem_bytes() {
 // Every sum runs in a fixed order (rows in chunk order, lanes and warps by fixed trees).
 template <class T, int D, bool Pass1>
 __global__ void __launch_bounds__(kProbeThreads, Pass1 ? kProbeBlocksPerSM : 4) probe_cols_mma_kernel(const __grid_constant__ ProbeArgs a) {
+    dependent_entry();  // programmatic dependent launch: see common.cuh
     constexpr int KS = D / 16, NT = 4, ST = kProbeStages, SB = probe_stage_bytes<D>();
     static_assert(D == 64 || D == 128, "tensor-core probe scores take head dims padded to 64 or 128");
     extern __shared__ __align__(16) unsigned char smem[];
@@ -523,6 +526,7 @@ __global__ void __launch_bounds__(kProbeThreads, Pass1 ? kProbeBlocksPerSM : 4) 
 
 template <int Unused = 0>
 __global__ void __launch_bounds__(kProbeThreads) probe_pass1_simt_kernel(const ProbeArgs a) {
+    dependent_entry();  // programmatic dependent launch: see common.cuh
     extern __shared__ __align__(16) unsigned char smem[];
     float* qs = reinterpret_cast<float*>(smem);  // [4 warps][d]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -552,6 +556,7 @@ __global__ void __launch_bounds__(kProbeThreads) probe_pass1_simt_kernel(const P
 // lanes merge strided blocks, then a fixed butterfly merges the lanes.
 template <int Unused = 0>
 __global__ void probe_lse_kernel(const ProbeArgs a) {
+    dependent_entry();  // programmatic dependent launch: see common.cuh
     const std::int64_t rows = static_cast<std::int64_t>(a.qpk) * a.npc * 16;
     const int lane = threadIdx.x & 31;
     const std::int64_t r = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
@@ -576,6 +581,7 @@ __global__ void probe_lse_kernel(const ProbeArgs a) {
 // Grid: (ceil(n / 64), H_kv), 64 threads. Shared: the block's keys [64][d + 1] and one probe row [d].
 template <int Unused = 0>
 __global__ void __launch_bounds__(kProbeSimtCols) probe_pass2_simt_kernel(const ProbeArgs a) {
+    dependent_entry();  // programmatic dependent launch: see common.cuh
     extern __shared__ __align__(16) unsigned char smem[];
     const int d = a.d, ld = a.d + 1;
     float* ks = reinterpret_cast<float*>(smem);  // [64][d + 1]

@@ -555,6 +555,7 @@ struct ZipVLFinishArgs {
 // splits' column sums added in a fixed order, then a~_j = a_j / nnz_j.
 template <int Unused = 0>
 __global__ void zipvl_scores_kernel(const __grid_constant__ ZipVLFinishArgs f) {
+    dependent_entry();  // programmatic dependent launch: see common.cuh
     const int n = f.n;
     const std::int64_t total = static_cast<std::int64_t>(f.G) * n;
     bool bad = false;
@@ -593,6 +594,7 @@ __global__ void zipvl_scores_kernel(const __grid_constant__ ZipVLFinishArgs f) {
 // the team a cluster of that many blocks (launch_select_kernel) or one block.
 template <int Unused = 0>
 __global__ void __launch_bounds__(kSelectThreads) zipvl_finish_kernel(const __grid_constant__ ZipVLFinishArgs f) {
+    dependent_entry();  // programmatic dependent launch: see common.cuh
     __shared__ RadixShared sh;
     extern __shared__ __align__(16) unsigned char select_dyn[];
     const RadixTeam team = RadixTeam::current();
@@ -675,18 +677,28 @@ inline int team_wanted(std::int64_t longest, int min_slice = kTeamMinSlice) {
 // (team 1: no cluster attribute, a plain launch). Not copyable: cfg.attrs points into the object.
 struct ClusterLaunchConfig {
     cudaLaunchConfig_t cfg{};
-    cudaLaunchAttribute attr[1]{};
-    ClusterLaunchConfig(dim3 grid, int threads, std::size_t smem, int team, cudaStream_t stream = nullptr) {
+    cudaLaunchAttribute attr[2]{};
+    ClusterLaunchConfig(dim3 grid, int threads, std::size_t smem, int team, cudaStream_t stream = nullptr,
+                        bool dependent = false) {
         cfg.gridDim = grid;
         cfg.blockDim = dim3(static_cast<unsigned>(threads));
         cfg.dynamicSmemBytes = smem;
         cfg.stream = stream;
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = static_cast<unsigned>(team);
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
+        unsigned k = 0;
+        if (team > 1) {
+            attr[k].id = cudaLaunchAttributeClusterDimension;
+            attr[k].val.clusterDim.x = static_cast<unsigned>(team);
+            attr[k].val.clusterDim.y = 1;
+            attr[k].val.clusterDim.z = 1;
+            ++k;
+        }
+        if (dependent) {  // a programmatic dependent launch (the kernel begins with dependent_entry())
+            attr[k].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            attr[k].val.programmaticStreamSerializationAllowed = 1;
+            ++k;
+        }
         cfg.attrs = attr;
-        cfg.numAttrs = team > 1 ? 1 : 0;
+        cfg.numAttrs = k;
     }
     ClusterLaunchConfig(const ClusterLaunchConfig&) = delete;
     ClusterLaunchConfig& operator=(const ClusterLaunchConfig&) = delete;
@@ -755,12 +767,14 @@ SelectLaunch plan_select_launch(Kernel* kernel, std::int64_t longest, const char
 }
 
 // Launches kernel<<<vectors x team, kSelectThreads, smem>>>(args) with clusters of `team` blocks and
-// args.cached set from L.
+// args.cached set from L; `dependent`: as a programmatic dependent launch (the kernel then begins with
+// dependent_entry(), common.cuh).
 template <class Kernel, class Args>
 void launch_select_kernel(Kernel* kernel, int vectors, const SelectLaunch& L, cudaStream_t stream, Args& args,
-                          const char* fn, const char* name) {
+                          const char* fn, const char* name, bool dependent = true) {
     args.cached = L.cached;
-    const ClusterLaunchConfig c(dim3(static_cast<unsigned>(vectors * L.team)), kSelectThreads, L.smem, L.team, stream);
+    const ClusterLaunchConfig c(dim3(static_cast<unsigned>(vectors * L.team)), kSelectThreads, L.smem, L.team, stream,
+                                dependent && dependent_launch_supported(fn));
     check_cuda(cudaLaunchKernelEx(&c.cfg, kernel, args), fn, name);
     check_launch(fn, name);
 }
@@ -771,6 +785,7 @@ inline constexpr int kPackSpan = 1024;
 template <int Unused = 0>
 __global__ void pack_lists_kernel(const std::int32_t* lists, const int* count, int n, int G, std::int32_t* indices,
                                   std::int32_t* indptr) {
+    dependent_entry();  // programmatic dependent launch: see common.cuh
     const int g = blockIdx.x;
     int off = 0;
     for (int h = 0; h < g; ++h) off += count[h];
@@ -787,6 +802,7 @@ __global__ void pack_lists_kernel(const std::int32_t* lists, const int* count, i
 // indices[i] = i (a dense layer's list).
 template <int Unused = 0>
 __global__ void iota_kernel(std::int32_t* out, int n) {
+    dependent_entry();  // programmatic dependent launch: see common.cuh
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = i;
 }
 
