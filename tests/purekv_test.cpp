@@ -754,13 +754,10 @@ TEST_CASE("purekv: the Policy adapter drives the estimator layer by layer", "[pu
 }
 
 namespace {
-// A scoring backend that computes PureKV's window scores with the SIMD path (as a GPU backend would with
-// its kernels), scaled by `factor`, and counts the calls; the other policies' scores are not asked for.
-class PureKVScoringProbe final : public PrefillScoring {
+// A scoring backend for PureKV's tests: every score but PureKV's window scores is a logic error.
+class PureKVOnlyScoring : public PrefillScoring {
 public:
-    explicit PureKVScoringProbe(double factor) : factor_(factor) {}
-    int calls = 0;
-    std::string backend_name() const override { return "probe"; }
+    std::string backend_name() const override { return "purekv-only"; }
     ZipVLSelection zipvl_select(const PrefillLayer&, const Layout&, const ZipVLParams&) override { throw std::logic_error("unused"); }
     std::vector<double> last_row_scores(const PrefillLayer&, const AttentionOptions&) override { throw std::logic_error("unused"); }
     std::vector<std::vector<double>> h2o_scores(const PrefillLayer&, BaselineGroups, const AttentionOptions&) override {
@@ -770,6 +767,14 @@ public:
         throw std::logic_error("unused");
     }
     TokenSelection snapkv_select(const PrefillLayer&, const SnapKVParams&) override { throw std::logic_error("unused"); }
+};
+
+// Computes PureKV's window scores with the SIMD path (as a GPU backend would with its kernels), scaled
+// by `factor`, and counts the calls.
+class PureKVScoringProbe final : public PureKVOnlyScoring {
+public:
+    explicit PureKVScoringProbe(double factor) : factor_(factor) {}
+    int calls = 0;
     PureKVScores purekv_window_scores(const PrefillLayer& in, const PureKVParams& P) override {
         ++calls;
         PureKVScores s = simd::purekv_window_scores(in.q, in.k, in.layer, P);
@@ -780,6 +785,16 @@ public:
 
 private:
     double factor_;
+};
+
+// Hands back scores labelled with the wrong layer.
+class PureKVScoringWrongLayer final : public PureKVOnlyScoring {
+public:
+    PureKVScores purekv_window_scores(const PrefillLayer& in, const PureKVParams& P) override {
+        PureKVScores s = simd::purekv_window_scores(in.q, in.k, in.layer, P);
+        s.layer += 1;
+        return s;
+    }
 };
 }  // namespace
 
@@ -818,24 +833,7 @@ TEST_CASE("purekv: the Policy adapter takes its window scores from the layer's s
         REQUIRE(differs);
     }
     // Scores of the wrong shape from a backend are an error, not a silent selection.
-    class WrongLayer final : public PrefillScoring {
-    public:
-        std::string backend_name() const override { return "wrong"; }
-        ZipVLSelection zipvl_select(const PrefillLayer&, const Layout&, const ZipVLParams&) override { throw std::logic_error("unused"); }
-        std::vector<double> last_row_scores(const PrefillLayer&, const AttentionOptions&) override { throw std::logic_error("unused"); }
-        std::vector<std::vector<double>> h2o_scores(const PrefillLayer&, BaselineGroups, const AttentionOptions&) override {
-            throw std::logic_error("unused");
-        }
-        std::vector<std::vector<double>> avl_h2o_scores(const PrefillLayer&, AvlTextGroups, const AttentionOptions&) override {
-            throw std::logic_error("unused");
-        }
-        TokenSelection snapkv_select(const PrefillLayer&, const SnapKVParams&) override { throw std::logic_error("unused"); }
-        PureKVScores purekv_window_scores(const PrefillLayer& in, const PureKVParams& Pw) override {
-            PureKVScores s = simd::purekv_window_scores(in.q, in.k, in.layer, Pw);
-            s.layer += 1;
-            return s;
-        }
-    } wrong;
+    PureKVScoringWrongLayer wrong;
     PureKVPolicy p(P);
     p.begin(layout, shape);
     const auto in = purekv_make_qkv<float>(n, H, Hkv, d, 5);
