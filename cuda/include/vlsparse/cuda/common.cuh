@@ -110,12 +110,19 @@ __device__ __forceinline__ void dependent_entry() {
 #endif
 }
 
-// True when the current device takes programmatic dependent launches (compute capability 9.0+).
-inline bool dependent_launch_supported(const char* fn) {
+// True when `kernel` may be launched as a programmatic dependent launch: the current device takes them
+// (compute capability 9.0+) and the kernel's code was compiled for sm_90 or later, so that its
+// dependent_entry() holds the wait (code JIT-compiled from an older PTX target has none: launched
+// dependent, it could read what the kernel before it is still writing).
+template <class Kernel>
+bool dependent_launch_supported(Kernel* kernel, const char* fn) {
     int dev = 0, major = 0;
     check_cuda(cudaGetDevice(&dev), fn, "cudaGetDevice");
     check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), fn, "cudaDeviceGetAttribute");
-    return major >= 9;
+    if (major < 9) return false;
+    cudaFuncAttributes fa{};
+    check_cuda(cudaFuncGetAttributes(&fa, kernel), fn, "cudaFuncGetAttributes");
+    return fa.ptxVersion >= 90 && fa.binaryVersion >= 90;
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent launch where the device
@@ -132,7 +139,7 @@ void launch_dependent(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, std:
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = dependent_launch_supported(fn) ? 1 : 0;
+    cfg.numAttrs = dependent_launch_supported(kernel, fn) ? 1 : 0;
     check_cuda(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), fn, name);
     check_launch(fn, name);
 }

@@ -774,7 +774,7 @@ void launch_select_kernel(Kernel* kernel, int vectors, const SelectLaunch& L, cu
                           const char* fn, const char* name, bool dependent = true) {
     args.cached = L.cached;
     const ClusterLaunchConfig c(dim3(static_cast<unsigned>(vectors * L.team)), kSelectThreads, L.smem, L.team, stream,
-                                dependent && dependent_launch_supported(fn));
+                                dependent && dependent_launch_supported(kernel, fn));
     check_cuda(cudaLaunchKernelEx(&c.cfg, kernel, args), fn, name);
     check_launch(fn, name);
 }
