@@ -284,9 +284,9 @@ private:
             for (auto p : pr) present_mask_[static_cast<std::size_t>(p)] = 1;
         }
         const unsigned blocks = static_cast<unsigned>(std::clamp<std::int64_t>((m + 255) / 256, 1, 4096));
-        detail::launch_dependent(detail::avl_scatter_kernel<>, blocks, 256, 0, stream, fn, "avl_scatter_kernel",
-                         pc.col, pc.rsplit, static_cast<int>(Hkv), static_cast<int>(m),
-                                                                  present.empty() ? nullptr : present_d, scores_);
+        detail::launch_dependent(detail::avl_scatter_kernel<>, blocks, 256, 0, stream, fn, "avl_scatter_kernel", pc.col,
+                                 pc.rsplit, static_cast<int>(Hkv), static_cast<int>(m),
+                                 present.empty() ? nullptr : present_d, scores_);
         status_ = pc.status;
         H_ = H;
         return pr;

@@ -285,14 +285,13 @@ private:
         float* pooled = sums + b / 4;
         const unsigned blocks = static_cast<unsigned>(std::clamp<std::int64_t>((G * L + 255) / 256, 1, 4096));
         if (L > 0) {
-            detail::launch_dependent(detail::group_column_sums_kernel<>, blocks, 256, 0, stream, fn, "group_column_sums_kernel",
-                             pc.col, pc.rsplit, static_cast<int>(Hkv),
-                                                                            static_cast<int>(n), static_cast<int>(G),
-                                                                            static_cast<int>(L), static_cast<int>(L), sums);
+            detail::launch_dependent(detail::group_column_sums_kernel<>, blocks, 256, 0, stream, fn,
+                                     "group_column_sums_kernel", pc.col, pc.rsplit, static_cast<int>(Hkv),
+                                     static_cast<int>(n), static_cast<int>(G), static_cast<int>(L), static_cast<int>(L),
+                                     sums);
             if (pool_mode >= 0) {
-                detail::launch_dependent(detail::pool1d_kernel<>, blocks, 256, 0, stream, fn, "pool1d_kernel",
-                                 sums, static_cast<int>(G), static_cast<int>(L), kernel,
-                                                                    pool_mode, pooled);
+                detail::launch_dependent(detail::pool1d_kernel<>, blocks, 256, 0, stream, fn, "pool1d_kernel", sums,
+                                         static_cast<int>(G), static_cast<int>(L), kernel, pool_mode, pooled);
             }
         }
         return {pool_mode >= 0 ? pooled : sums, pc.status, G, L};

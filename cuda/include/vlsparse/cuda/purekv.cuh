@@ -257,8 +257,8 @@ void launch_purekv_importance(View3<const TV> v, int n, int Hkv, int d, int G, i
         const T* p = v.data;
         auto* k = lph == 8 ? purekv_importance_vec_kernel<T, 8>
                            : lph == 16 ? purekv_importance_vec_kernel<T, 16> : purekv_importance_vec_kernel<T, 32>;
-        launch_dependent(k, blocks, 256, 0, stream, fn, "purekv_importance_vec_kernel", p, v.stride[0], v.stride[1], n, Hkv,
-                         G, m, s, vnorm, imp, status);
+        launch_dependent(k, blocks, 256, 0, stream, fn, "purekv_importance_vec_kernel", p, v.stride[0], v.stride[1], n,
+                         Hkv, G, m, s, vnorm, imp, status);
         return;
     }
     const auto blocks = static_cast<unsigned>(std::clamp<std::int64_t>((static_cast<std::int64_t>(n) + 7) / 8, 1, 8192));
@@ -319,9 +319,10 @@ public:
         // The probe status is sticky for the layer: copied next to the scores.
         if (sl.status.size() != 1) sl.status = DeviceArray<int>(1);
         // s[g][j]: the window's column sums for j < m, 0 on the window.
-        detail::launch_dependent(detail::group_column_sums_kernel<>, grid_for(G_ * n), 256, 0, stream, fn, "group_column_sums_kernel",
-                         pc.col, pc.rsplit, static_cast<int>(Hkv), static_cast<int>(n), static_cast<int>(G_), static_cast<int>(m),
-            static_cast<int>(n), sl.s.data());
+        detail::launch_dependent(detail::group_column_sums_kernel<>, grid_for(G_ * n), 256, 0, stream, fn,
+                                 "group_column_sums_kernel", pc.col, pc.rsplit, static_cast<int>(Hkv),
+                                 static_cast<int>(n), static_cast<int>(G_), static_cast<int>(m), static_cast<int>(n),
+                                 sl.s.data());
         detail::check_cuda(cudaMemcpyAsync(sl.status.data(), pc.status, sizeof(int), cudaMemcpyDeviceToDevice, stream), fn,
                            "cudaMemcpyAsync");
         sl.scores = DevicePureKVScores{layer, n, w, shape_.heads / G_, G_, sl.s.data()};

@@ -134,8 +134,9 @@ public:
             auto* base = static_cast<char*>(dense_buf_.get(detail::align256(static_cast<std::size_t>(n) * 4) + 256, fn));
             auto* idx = reinterpret_cast<std::int32_t*>(base);
             auto* ip = reinterpret_cast<std::int32_t*>(base + detail::align256(static_cast<std::size_t>(n) * 4));
-            detail::launch_dependent(detail::iota_kernel<>, static_cast<unsigned>(std::min<std::int64_t>((n + 255) / 256, 1024)), 256, 0, stream, fn, "iota_kernel",
-                             idx, static_cast<int>(n));
+            detail::launch_dependent(detail::iota_kernel<>,
+                                     static_cast<unsigned>(std::min<std::int64_t>((n + 255) / 256, 1024)), 256, 0,
+                                     stream, fn, "iota_kernel", idx, static_cast<int>(n));
             const std::int32_t h_ip[2] = {0, static_cast<std::int32_t>(n)};
             detail::check_cuda(cudaMemcpyAsync(ip, h_ip, sizeof(h_ip), cudaMemcpyHostToDevice, stream), fn, "cudaMemcpyAsync");
             detail::check_cuda(cudaStreamSynchronize(stream), fn, "cudaStreamSynchronize");
@@ -204,8 +205,9 @@ public:
             f.lists = idx_d;
             f.indptr = indptr_d;
         }
-        detail::launch_dependent(detail::zipvl_scores_kernel<>, static_cast<unsigned>(std::min<std::int64_t>((G * n + 255) / 256, 4096)), 256, 0, stream, fn, "zipvl_scores_kernel",
-                         f);
+        detail::launch_dependent(detail::zipvl_scores_kernel<>,
+                                 static_cast<unsigned>(std::min<std::int64_t>((G * n + 255) / 256, 4096)), 256, 0,
+                                 stream, fn, "zipvl_scores_kernel", f);
         {
             auto* kf = detail::zipvl_finish_kernel<>;
             detail::SelectLaunch L = detail::plan_select_launch(kf, n, fn);
@@ -214,8 +216,7 @@ public:
         if (G > 1) {
             const dim3 pgrid(static_cast<unsigned>(G), static_cast<unsigned>((n + detail::kPackSpan - 1) / detail::kPackSpan));
             detail::launch_dependent(detail::pack_lists_kernel<>, pgrid, 256, 0, stream, fn, "pack_lists_kernel",
-                             lists_d, cnt_d, static_cast<int>(n), static_cast<int>(G),
-                                                                    idx_d, indptr_d);
+                                     lists_d, cnt_d, static_cast<int>(n), static_cast<int>(G), idx_d, indptr_d);
         }
 
         // p, counts, indptr and the status word back to the host: the one synchronization.

@@ -276,9 +276,8 @@ public:
             fd = forced_;
         }
         const auto clamp = [&](std::int64_t x) { return static_cast<int>(std::clamp<std::int64_t>(x, 0, n)); };
-        launch_dependent(init_keep_kernel<>, grid_for(G * n), 256, 0, stream, fn, "init_keep_kernel",
-                         keep_, static_cast<int>(G), static_cast<int>(n), clamp(f_lo),
-                                                                clamp(f_hi), fd, status_);
+        launch_dependent(init_keep_kernel<>, grid_for(G * n), 256, 0, stream, fn, "init_keep_kernel", keep_,
+                         static_cast<int>(G), static_cast<int>(n), clamp(f_lo), clamp(f_hi), fd, status_);
     }
 
     // Adds "the top k of scores[g][lo, hi) (among the eligible positions)" for group g.
@@ -376,8 +375,8 @@ public:
         launch_select_kernel(kk, G, L, stream, ka, fn, "keep_lists_kernel");
         if (G > 1) {
             const dim3 pgrid(static_cast<unsigned>(G), static_cast<unsigned>((n + kPackSpan - 1) / kPackSpan));
-            launch_dependent(pack_lists_kernel<>, pgrid, 256, 0, stream, fn, "pack_lists_kernel",
-                             lists_, count_, n, G, indices_, indptr_);
+            launch_dependent(pack_lists_kernel<>, pgrid, 256, 0, stream, fn, "pack_lists_kernel", lists_, count_, n, G,
+                             indices_, indptr_);
         }
     }
     void enqueue_read(cudaStream_t stream, const char* fn, const int* extra_status = nullptr) {

@@ -101,8 +101,8 @@ void launch_probe_mma(ProbeArgs& a, cudaStream_t stream, const char* fn) {
     const int chunks = a.qpk * a.npc;
     {
         const std::int64_t total = static_cast<std::int64_t>(a.Hkv) * chunks * KS * 32;
-        launch_dependent(probe_pack_mma_kernel<T, D>, static_cast<unsigned>((total + 255) / 256), 256, 0, stream, fn, "probe_pack_mma_kernel",
-                         a);
+        launch_dependent(probe_pack_mma_kernel<T, D>, static_cast<unsigned>((total + 255) / 256), 256, 0, stream, fn,
+                         "probe_pack_mma_kernel", a);
     }
     constexpr std::size_t shm = probe_cols_smem_bytes<T, D>();
     const dim3 grid(static_cast<unsigned>(((a.n + kProbeColTile - 1) / kProbeColTile) * a.rsplit), static_cast<unsigned>(a.Hkv));
@@ -112,13 +112,12 @@ void launch_probe_mma(ProbeArgs& a, cudaStream_t stream, const char* fn) {
         check_cuda(attr, fn, "cudaFuncSetAttribute");
         check_cuda(cudaFuncSetAttribute(k1, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared), fn,
                    "cudaFuncSetAttribute");
-        launch_dependent(k1, grid, kProbeThreads, shm, stream, fn, "probe_cols_mma_kernel (pass 1)",
-                         a);
+        launch_dependent(k1, grid, kProbeThreads, shm, stream, fn, "probe_cols_mma_kernel (pass 1)", a);
     }
     {
         const std::int64_t rows = static_cast<std::int64_t>(a.Hkv) * chunks * 16;  // a warp each
-        launch_dependent(probe_lse_kernel<>, static_cast<unsigned>((rows + 7) / 8), 256, 0, stream, fn, "probe_lse_kernel",
-                         a);
+        launch_dependent(probe_lse_kernel<>, static_cast<unsigned>((rows + 7) / 8), 256, 0, stream, fn,
+                         "probe_lse_kernel", a);
     }
     {
         auto* k2 = probe_cols_mma_kernel<T, D, false>;
@@ -126,8 +125,7 @@ void launch_probe_mma(ProbeArgs& a, cudaStream_t stream, const char* fn) {
         check_cuda(attr, fn, "cudaFuncSetAttribute");
         check_cuda(cudaFuncSetAttribute(k2, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared), fn,
                    "cudaFuncSetAttribute");
-        launch_dependent(k2, grid, kProbeThreads, shm, stream, fn, "probe_cols_mma_kernel (pass 2)",
-                         a);
+        launch_dependent(k2, grid, kProbeThreads, shm, stream, fn, "probe_cols_mma_kernel (pass 2)", a);
     }
 }
 
@@ -135,13 +133,13 @@ inline void launch_probe_simt(ProbeArgs& a, cudaStream_t stream, const char* fn)
     const std::int64_t rows = static_cast<std::int64_t>(a.qpk) * a.npc * 16;
     {
         const std::int64_t total = static_cast<std::int64_t>(a.Hkv) * rows * a.d;
-        launch_dependent(probe_pack_simt_kernel<>, static_cast<unsigned>((total + 255) / 256), 256, 0, stream, fn, "probe_pack_simt_kernel",
-                         a);
+        launch_dependent(probe_pack_simt_kernel<>, static_cast<unsigned>((total + 255) / 256), 256, 0, stream, fn,
+                         "probe_pack_simt_kernel", a);
     }
     {
         const std::size_t shm = static_cast<std::size_t>(4 * a.d) * sizeof(float);
-        launch_dependent(probe_pass1_simt_kernel<>, static_cast<unsigned>((rows * a.Hkv + 3) / 4), kProbeThreads, shm, stream, fn, "probe_pass1_simt_kernel",
-                         a);
+        launch_dependent(probe_pass1_simt_kernel<>, static_cast<unsigned>((rows * a.Hkv + 3) / 4), kProbeThreads, shm,
+                         stream, fn, "probe_pass1_simt_kernel", a);
     }
     {
         const std::size_t shm = (static_cast<std::size_t>(kProbeSimtCols) * (a.d + 1) + a.d) * sizeof(float);
@@ -149,8 +147,7 @@ inline void launch_probe_simt(ProbeArgs& a, cudaStream_t stream, const char* fn)
         check_cuda(cudaFuncSetAttribute(k2, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm)), fn,
                    "cudaFuncSetAttribute");
         const dim3 grid(static_cast<unsigned>((a.n + kProbeSimtCols - 1) / kProbeSimtCols), static_cast<unsigned>(a.Hkv));
-        launch_dependent(k2, grid, kProbeSimtCols, shm, stream, fn, "probe_pass2_simt_kernel",
-                         a);
+        launch_dependent(k2, grid, kProbeSimtCols, shm, stream, fn, "probe_pass2_simt_kernel", a);
     }
 }
 
