@@ -153,9 +153,7 @@ public:
         constexpr const char* fn = "PureKVEstimator::observe";
         detail::check_purekv_observe(layer, P_, shape_, fn);
         check_shape(q, k, fn);
-        auto& slot = scores_[static_cast<std::size_t>(layer)];
-        slot = Backend::window_scores(q, k, layer, P_);
-        return *slot;
+        return observe_scores(layer, Backend::window_scores(q, k, layer, P_));
     }
 
     // observe() with the window scores computed elsewhere from the same rows (another backend that holds
