@@ -368,18 +368,32 @@ TEST_CASE("cuda prefill: block-sparse masks against the reference", "[cuda][pref
                     }
                 }
         }
-        // PureKV's video masks (with the Dense template, and under a mix of templates).
-        const Layout video = Layout::parse("text:5,video:6x40,text:7,image:50,text:3,video:4x33,text:2");
-        for (VideoMask kind : kVideoMasks)
-            for (std::int64_t window : {std::int64_t{0}, std::int64_t{7}}) {
-                const MaskContext ctx = make_video_mask_context(video, {kind, window, 3});
-                const std::string what = "video " + std::string(to_string(kind)) + ", window " + std::to_string(window);
-                for (Fill f : {Fill::uniform, Fill::random}) {
-                    run_masked<bfloat16>(ctx, std::vector<MaskTemplate>(8, MaskTemplate::dense), 2, 128, f, ++seed, what);
-                    const auto mixed = mixed_heads(4, ++seed);
-                    run_masked<vlsparse::half>(ctx, mixed, 4, 64, f, ++seed, what + ", mixed templates");
+        // PureKV's video masks (with the Dense template, and under a mix of templates). Under the temporal
+        // and spatial-temporal masks the key one frame back is a diagonal segment (one score per row):
+        // frames of one block (40, 33 tokens) and of two blocks whose keys one frame back start and end
+        // inside 64-key columns (150 tokens from position 37).
+        const char* const video_specs[] = {"text:5,video:6x40,text:7,image:50,text:3,video:4x33,text:2",
+                                           "text:37,video:4x150,text:11"};
+        for (int li = 0; li < 2; ++li) {
+            const char* spec = video_specs[li];
+            const Layout video = Layout::parse(spec);
+            const bool first = li == 0;  // the second layout only under the masks with a diagonal
+            for (VideoMask kind : kVideoMasks)
+                for (std::int64_t window : {std::int64_t{0}, std::int64_t{7}}) {
+                    if (!first && ((kind != VideoMask::temporal && kind != VideoMask::spatial_temporal) || window != 0)) continue;
+                    const MaskContext ctx = make_video_mask_context(video, {kind, window, 3});
+                    const std::string what = std::string(spec) + ", video " + std::string(to_string(kind)) + ", window " +
+                                             std::to_string(window);
+                    const bool temporal = kind == VideoMask::temporal || kind == VideoMask::spatial_temporal;
+                    CHECK((cuda::MaskedPrefillPlan(ctx, std::vector<MaskTemplate>(2, MaskTemplate::dense), 1).diagonal_rows() > 0) ==
+                          temporal);
+                    for (Fill f : {Fill::uniform, Fill::random}) {
+                        run_masked<bfloat16>(ctx, std::vector<MaskTemplate>(8, MaskTemplate::dense), 2, 128, f, ++seed, what);
+                        const auto mixed = mixed_heads(4, ++seed);
+                        run_masked<vlsparse::half>(ctx, mixed, 4, 64, f, ++seed, what + ", mixed templates");
+                    }
                 }
-            }
+        }
     }
     g_kernel = cuda::PrefillKernel::automatic;
 }
@@ -492,6 +506,10 @@ TEST_CASE("cuda prefill: fp32 inputs and head dims other than 64 / 128 (the CUDA
         run_masked<float>(make_video_mask_context(video, {kind, 7, 3}), mixed_heads(4, seed), 2, 32, Fill::random, seed + 1,
                           "video " + std::string(to_string(kind)));
     }
+    // Diagonal segments on the CUDA-core kernel (evaluated through the mask there), fp32 and d = 128.
+    seed += 2;
+    run_masked<float>(make_video_mask_context(Layout::parse("text:37,video:4x150,text:11"), {VideoMask::spatial_temporal, 0, 2}),
+                      std::vector<MaskTemplate>(4, MaskTemplate::dense), 2, 128, Fill::random, seed + 1, "video 4x150, ST");
 }
 
 TEST_CASE("cuda prefill: output types and strided views", "[cuda][prefill]") {

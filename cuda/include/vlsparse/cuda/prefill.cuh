@@ -377,92 +377,14 @@ public:
         n_ = ctx.n;
         H_ = H;
         Hkv_ = n_kv_heads;
-        const std::int64_t kb = detail::kPrefillKeys, nkb = (n_ + kb - 1) / kb;
-        const auto& qs = bm.q_block_start;
-        const std::int64_t nqb = bm.n_q_blocks;
-        std::vector<detail::PrefillSegment> segs;
-        std::vector<std::int64_t> seg_off;  // [template][qb] -> first segment, (4 * nqb + 1) entries
-        std::vector<std::int64_t> work;     // [template][qb] -> rows x tile-rounded keys
-        allowed_ = computed_ = 0;
-        std::int64_t allowed_t[4] = {0, 0, 0, 0}, computed_t[4] = {0, 0, 0, 0};
-        bool used[4] = {false, false, false, false};
-        for (auto t : heads) used[static_cast<int>(t)] = true;
-        seg_off.assign(static_cast<std::size_t>(4 * nqb + 1), 0);
-        work.assign(static_cast<std::size_t>(4 * nqb), 0);
-        for (int t = 0; t < 4; ++t) {
-            if (!used[t]) {
-                for (std::int64_t b = 0; b < nqb; ++b) seg_off[static_cast<std::size_t>(t * nqb + b + 1)] = static_cast<std::int64_t>(segs.size());
-                continue;
-            }
-            const auto st = ::vlsparse::detail::block_counts(ctx, static_cast<MaskTemplate>(t), qs, kb, nkb);
-            for (std::int64_t b = 0; b < nqb; ++b) {
-                const std::int64_t r0 = qs[static_cast<std::size_t>(b)], r1 = qs[static_cast<std::size_t>(b) + 1];
-                const std::int64_t rows = r1 - r0;
-                const std::size_t first = segs.size();
-                std::int64_t cols = 0;
-                for (std::int64_t c = 0; c < nkb; ++c) {
-                    const auto i = static_cast<std::size_t>(b * nkb + c);
-                    if (st.cnt[i] == 0) continue;
-                    const std::int64_t lo = st.lo[i], hi = st.hi[i];
-                    int kind = detail::kSegGeneral;
-                    if (st.cnt[i] == rows * (hi - lo)) {
-                        kind = detail::kSegFull;
-                    } else if (!ctx.bidirectional_images) {
-                        // Every mask is causal without bidirectional images (allowed pairs are a subset of
-                        // j <= i), so an equal count means the allowed pairs are exactly the causal ones.
-                        std::int64_t causal = 0;
-                        for (std::int64_t r = r0; r < r1; ++r) causal += std::max<std::int64_t>(0, std::min(hi, r + 1) - lo);
-                        if (causal == st.cnt[i]) kind = detail::kSegCausal;
-                    }
-                    allowed_t[t] += st.cnt[i];
-                    auto merge_kind = [&](int a, int b2) {  // kinds two touching segments merge into, or -1
-                        if (a == b2) return a;
-                        if (!ctx.bidirectional_images && (a == detail::kSegFull || a == detail::kSegCausal) &&
-                            (b2 == detail::kSegFull || b2 == detail::kSegCausal))
-                            return static_cast<int>(detail::kSegCausal);
-                        return -1;
-                    };
-                    if (segs.size() > first && segs.back().hi == lo && merge_kind(segs.back().kind, kind) >= 0) {
-                        segs.back().kind = merge_kind(segs.back().kind, kind);
-                        segs.back().hi = static_cast<int>(hi);
-                    } else {
-                        segs.push_back({static_cast<int>(lo), static_cast<int>(hi), kind, 0});
-                    }
-                }
-                for (std::size_t s = first; s < segs.size(); ++s) {
-                    cols += (segs[s].hi - segs[s].lo + kb - 1) / kb * kb;
-                    computed_t[t] += rows * (segs[s].hi - segs[s].lo);
-                }
-                work[static_cast<std::size_t>(t * nqb + b)] = rows * cols;
-                seg_off[static_cast<std::size_t>(t * nqb + b + 1)] = static_cast<std::int64_t>(segs.size());
-            }
-        }
-        std::vector<detail::PrefillItem> items;
-        std::vector<std::int64_t> item_work;
-        for (std::int64_t h = 0; h < H; ++h) {
-            const int t = static_cast<int>(heads[static_cast<std::size_t>(h)]);
-            for (std::int64_t b = 0; b < nqb; ++b) {
-                const auto i = static_cast<std::size_t>(t * nqb + b);
-                const auto s0 = seg_off[i], s1 = seg_off[i + 1];
-                if (s0 == s1) continue;  // cannot happen (a row sees itself), kept for safety
-                items.push_back({static_cast<int>(h), static_cast<int>(qs[static_cast<std::size_t>(b)]),
-                                 static_cast<int>(qs[static_cast<std::size_t>(b) + 1]), static_cast<int>(s0),
-                                 static_cast<int>(s1), 0, 0, 0});
-                item_work.push_back(work[i]);
-            }
-        }
-        for (std::int64_t h = 0; h < H; ++h) {
-            const int t = static_cast<int>(heads[static_cast<std::size_t>(h)]);
-            allowed_ += allowed_t[t];
-            computed_ += computed_t[t];
-        }
-        // Longest items first: the tail of the launch is short blocks.
-        std::vector<std::size_t> order(items.size());
-        std::iota(order.begin(), order.end(), std::size_t{0});
-        std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return item_work[x] > item_work[y]; });
-        std::vector<detail::PrefillItem> sorted(items.size());
-        for (std::size_t i = 0; i < order.size(); ++i) sorted[i] = items[order[i]];
-        require(sorted.size() < (std::size_t{1} << 31), fn, "too many blocks: ", sorted.size());
+        // The segments of every (template, query block) and the items of every head (masks/segment_plan.hpp).
+        ::vlsparse::detail::SegmentPlan sp = ::vlsparse::detail::plan_key_segments(ctx, heads, bm.q_block_start, detail::kPrefillKeys);
+        allowed_ = sp.allowed;
+        computed_ = sp.computed;
+        diagonal_rows_ = sp.diagonal_rows;
+        require(sp.items.size() < (std::size_t{1} << 31), fn, "too many blocks: ", sp.items.size());
+        std::vector<detail::PrefillItem>& sorted = sp.items;
+        std::vector<detail::PrefillSegment>& segs = sp.segs;
 
         std::vector<std::int32_t> img(ctx.token_image.begin(), ctx.token_image.end());
         std::vector<std::int32_t> istart(ctx.image_start.begin(), ctx.image_start.end());
@@ -510,9 +432,13 @@ public:
     std::int64_t segments() const { return n_segments_; }
     // (query, key) pairs the mask allows, summed over heads (the work an ideal kernel does).
     std::int64_t allowed_pairs() const { return allowed_; }
-    // Pairs inside the segments (rows x keys of each segment, summed over heads and query blocks): the
-    // pairs the kernel computes, before tiles of 64 keys round each segment up.
+    // Pairs inside the segments (rows x keys of each segment, summed over heads and query blocks; one pair
+    // per row of a diagonal segment): the pairs the kernel computes, before tiles of 64 keys round each
+    // segment up.
     std::int64_t computed_pairs() const { return computed_; }
+    // Rows (summed over heads) whose key one frame back is computed as a diagonal: one score per row
+    // instead of a tile (PureKV's temporal and spatial-temporal video masks).
+    std::int64_t diagonal_rows() const { return diagonal_rows_; }
     // The same measure for 128 x 64 blocks trimmed to their allowed key range (BlockMask::computed_pairs).
     std::int64_t block_mask_pairs() const { return block_pairs_; }
 
@@ -522,7 +448,8 @@ public:
     const detail::DeviceMask& device_mask() const { return mask_; }
 
 private:
-    std::int64_t n_ = 0, H_ = 0, Hkv_ = 0, n_items_ = 0, n_segments_ = 0, allowed_ = 0, computed_ = 0, block_pairs_ = 0;
+    std::int64_t n_ = 0, H_ = 0, Hkv_ = 0, n_items_ = 0, n_segments_ = 0, allowed_ = 0, computed_ = 0, block_pairs_ = 0,
+                 diagonal_rows_ = 0;
     DeviceArray<detail::PrefillItem> items_;
     DeviceArray<detail::PrefillSegment> segs_;
     DeviceArray<std::int32_t> token_image_, image_start_, image_end_, frame_tokens_, sink_start_, sink_pos_;

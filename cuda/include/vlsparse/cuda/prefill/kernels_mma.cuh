@@ -49,6 +49,7 @@
 
 #include "vlsparse/cuda/common.cuh"
 #include "vlsparse/masks/mask_view.hpp"
+#include "vlsparse/masks/segment_plan.hpp"
 
 namespace vlsparse::cuda::detail {
 
@@ -60,18 +61,23 @@ inline constexpr int kPrefillConsumerRegs = 224;
 inline constexpr int kPrefillRows = 128;     // m rows per block (16 per warp)
 inline constexpr int kPrefillKeys = 64;      // key entries per tile
 
-enum PrefillSegKind : int { kSegFull = 0, kSegCausal = 1, kSegGeneral = 2, kSegTail = 3 };  // kSegTail: kernel-internal
-
-// A contiguous range of key entries [lo, hi) and its mask kind.
-struct PrefillSegment {
-    int lo = 0, hi = 0, kind = kSegFull, pad = 0;
+// Segment kinds: those of masks/segment_plan.hpp, plus kSegTail (kernel-internal: a short tile of a full
+// segment, which checks only that its entries exist).
+enum PrefillSegKind : int {
+    kSegFull = ::vlsparse::detail::kKeySegFull,
+    kSegCausal = ::vlsparse::detail::kKeySegCausal,
+    kSegGeneral = ::vlsparse::detail::kKeySegGeneral,
+    kSegTail = 3,
+    kSegDiagonal = ::vlsparse::detail::kKeySegDiagonal,
 };
+static_assert(kSegTail != kSegFull && kSegTail != kSegCausal && kSegTail != kSegGeneral && kSegTail != kSegDiagonal);
+
+// A contiguous range of key entries [lo, hi), its mask kind and (diagonal) the row-to-key distance.
+using PrefillSegment = ::vlsparse::detail::KeySegment;
 
 // A block of the block-sparse front end: one query head, rows [row_lo, row_hi) (positions), its key
 // segments segs[seg_begin, seg_end).
-struct PrefillItem {
-    int head = 0, row_lo = 0, row_hi = 0, seg_begin = 0, seg_end = 0, pad0 = 0, pad1 = 0, pad2 = 0;
-};
+using PrefillItem = ::vlsparse::detail::SegmentItem;
 
 // The mask of vlsparse/masks/templates.hpp on the device (MaskedPrefillPlan uploads a MaskContext's
 // arrays as int32 and the head templates): what kGeneral tiles evaluate, by the library's one rule
@@ -203,6 +209,25 @@ __device__ __forceinline__ float prefill_exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
+}
+// Two adjacent elements (4-byte aligned) widened to fp32.
+template <class T>
+__device__ __forceinline__ void prefill_load_pair(const T* p, float& x0, float& x1) {
+    const unsigned u = __ldg(reinterpret_cast<const unsigned*>(p));
+    if constexpr (std::is_same_v<T, bfloat16>) {
+        x0 = __uint_as_float(u << 16);
+        x1 = __uint_as_float(u & 0xffff0000u);
+    } else {
+        x0 = __half2float(__ushort_as_half(static_cast<unsigned short>(u & 0xffffu)));
+        x1 = __half2float(__ushort_as_half(static_cast<unsigned short>(u >> 16)));
+    }
+}
+// x rounded to T and back (P's rounding before P V).
+template <class T>
+__device__ __forceinline__ float prefill_round(float x) {
+    const unsigned r = prefill_pack<T>(x, x);
+    if constexpr (std::is_same_v<T, bfloat16>) return __uint_as_float(r << 16);
+    else return __half2float(__ushort_as_half(static_cast<unsigned short>(r & 0xffffu)));
 }
 
 // ---- wgmma (sm_90a) ---------------------------------------------------------------------------------
@@ -394,7 +419,7 @@ struct TileCursor {
     __device__ void load(const PrefillSegment* segs) {
         while (seg < seg_end) {
             const PrefillSegment s = segs[seg];
-            if (s.hi > s.lo) {
+            if (s.hi > s.lo && s.kind != kSegDiagonal) {  // diagonal segments are not tiled
                 lo = s.lo;
                 hi = s.hi;
                 kind = s.kind;
@@ -881,7 +906,7 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
         int n_tiles = 0;
         for (int sg = seg_begin; sg < seg_end; ++sg) {
             const PrefillSegment sgm = segs[sg];
-            if (sgm.hi > sgm.lo) n_tiles += (sgm.hi - sgm.lo + S::BN - 1) / S::BN;
+            if (sgm.hi > sgm.lo && sgm.kind != kSegDiagonal) n_tiles += (sgm.hi - sgm.lo + S::BN - 1) / S::BN;
         }
         int pstage = -1;
         // Ping-pong: the two warpgroups take turns issuing their matrix products (named barriers 2 and 3),
@@ -947,6 +972,58 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
         }
     }
     copy_wait<0>();
+
+    // ---- diagonal segments (block-sparse items) -------------------------------------------------------
+    // Row position p sees the one key p - delta of the segment (PureKV's temporal key: the same slot one
+    // frame back; the plan guarantees the pair is allowed and that no other segment holds the key). One
+    // score per row on the CUDA cores, folded into the online softmax after the tiles: the four threads of
+    // a row each take the columns they hold of O (8 j + 2 (lane % 4) + {0, 1}), P rounded to T as for the
+    // tiles, the row sum kept by the row's first thread (the quad's partial sums are added at the end).
+    if (w.segs) {
+        for (int sg = seg_begin; sg < seg_end; ++sg) {
+            const PrefillSegment dsg = segs[sg];
+            if (dsg.kind != kSegDiagonal) continue;
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+                const int p = qpos[rr], j = p - dsg.delta;
+                const bool ok = p >= 0 && j >= dsg.lo && j < dsg.hi;
+                float dot = 0.0f;
+                if (ok) {
+                    const T* qr = static_cast<const T*>(a.q) + static_cast<std::int64_t>(p - a.q_offset) * a.q_s0 +
+                                  static_cast<std::int64_t>(qhead[rr]) * a.q_s1;
+                    const T* kr = kbase + static_cast<std::int64_t>(j) * a.k_s0;
+#pragma unroll
+                    for (int jd = 0; jd < S::DT; ++jd) {
+                        const int c = jd * 8 + (lane & 3) * 2;
+                        float q0, q1, k0, k1;
+                        prefill_load_pair(qr + c, q0, q1);
+                        prefill_load_pair(kr + c, k0, k1);
+                        dot = fmaf(q0, k0, dot);
+                        dot = fmaf(q1, k1, dot);
+                    }
+                }
+                dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+                dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+                if (!ok) continue;  // uniform over the row's four threads
+                const float sc = dot * a.scale_log2;
+                const float mnew = fmaxf(mrow[rr], sc);
+                const float alpha = prefill_exp2(mrow[rr] - mnew);  // 2^-inf = 0 when no tile was seen
+                const float pp = prefill_exp2(sc - mnew);
+                mrow[rr] = mnew;
+                lrow[rr] = lrow[rr] * alpha + ((lane & 3) == 0 ? pp : 0.0f);
+                const float pr = prefill_round<T>(pp);
+                const T* vr = vbase + static_cast<std::int64_t>(j) * a.v_s0;
+#pragma unroll
+                for (int jd = 0; jd < S::DT; ++jd) {
+                    const int c = jd * 8 + (lane & 3) * 2;
+                    float v0, v1;
+                    prefill_load_pair(vr + c, v0, v1);
+                    o[jd][2 * rr] = fmaf(pr, v0, o[jd][2 * rr] * alpha);
+                    o[jd][2 * rr + 1] = fmaf(pr, v1, o[jd][2 * rr + 1] * alpha);
+                }
+            }
+        }
+    }
 
     // ---- outputs ----------------------------------------------------------------------------------
     bool bad = false;

@@ -86,7 +86,10 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_simt_kernel(const Pre
         }
         __syncwarp();
         for (int sg = w.seg_begin; sg < w.seg_end; ++sg) {
-            const PrefillSegment s = segs[sg];
+            PrefillSegment s = segs[sg];
+            // A diagonal segment's keys are evaluated through the mask (the plan guarantees that its only
+            // allowed pairs are the diagonal ones): the same pairs, on the general path.
+            if (s.kind == kSegDiagonal) s.kind = kSegGeneral;
             for (int e0 = s.lo; e0 < s.hi; e0 += S::TK) {
                 // Causal segments hold ascending positions: nothing more for this pass's rows.
                 if (s.kind == kSegCausal && (w.klist ? __ldg(w.klist + e0) : e0) > last) break;
