@@ -56,8 +56,14 @@ namespace vlsparse::cuda::detail {
 inline constexpr int kPrefillThreads = 256;  // 8 warps (the compute warps)
 // wgmma: a block has a third warpgroup, the producer, that copies the key tiles (warp specialization).
 inline constexpr int kPrefillThreadsWS = 384;
-inline constexpr int kPrefillProducerRegs = 56;   // setmaxnreg: 128 x 56 + 256 x 224 <= 65536
+// setmaxnreg: the producer gives registers back, the compute warps take them. A block starts with its
+// launch allocation (__launch_bounds__(384, 1): 168 per thread), and an increase waits until the block's
+// pool holds what it asks for: 128 x producer + 256 x consumer above 384 x 168 hangs the block (seen on
+// an H200 with 80 / 216).
+inline constexpr int kPrefillProducerRegs = 56;
 inline constexpr int kPrefillConsumerRegs = 224;
+static_assert(128 * kPrefillProducerRegs + 256 * kPrefillConsumerRegs <= 384 * 168,
+              "setmaxnreg would ask for more registers than the block holds");
 inline constexpr int kPrefillRows = 128;     // m rows per block (16 per warp)
 inline constexpr int kPrefillKeys = 64;      // key entries per tile
 
