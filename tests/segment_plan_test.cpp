@@ -155,3 +155,43 @@ TEST_CASE("segment plan: bad arguments", "[segment_plan]") {
     CHECK_THROWS_WITH(vd::plan_key_segments(ctx, dense, {0, 25}, 0), Catch::Contains("kb = 0"));
     CHECK_THROWS_WITH(vd::plan_key_segments(ctx, dense, {0, 10}, 64), Catch::Contains("do not cover"));
 }
+
+TEST_CASE("segment plan: block_counts against a pair-by-pair count", "[segment_plan]") {
+    // The per-block counts and trimmed key ranges the plan (and make_block_mask) are cut from: counted
+    // here pair by pair, on images with sink runs and sink offsets with gaps, and on videos under every
+    // video mask, for key blocks of 1, 5, 64 and more than n.
+    std::vector<MaskContext> ctxs;
+    MaskOptions gaps, runs, bidir;
+    gaps.sink_offsets = {0, 2, 3, 9};
+    runs.sink_offsets = {1, 2, 3};
+    bidir.bidirectional_images = true;
+    for (const MaskOptions& mo : {MaskOptions{}, gaps, runs, bidir})
+        ctxs.push_back(make_mask_context(Layout::parse("text:3,image:40,text:5,image:70,text:2,image:33,text:4"), mo));
+    for (VideoMask kind : kVideoMasks)
+        ctxs.push_back(make_video_mask_context(Layout::parse("text:9,video:5x23,text:4,image:30,text:2"), {kind, 5, 2}, gaps));
+    for (const MaskContext& c : ctxs) {
+        const auto qs = detail::query_block_starts(c, 16);
+        const auto nqb = static_cast<std::int64_t>(qs.size()) - 1;
+        for (std::int64_t kb : {std::int64_t{1}, std::int64_t{5}, std::int64_t{64}, c.n + 3}) {
+            const std::int64_t nkb = (c.n + kb - 1) / kb;
+            for (MaskTemplate t : kAllTemplates) {
+                INFO("video mask " << to_string(c.video) << ", bidirectional " << c.bidirectional_images << ", template "
+                                   << to_string(t) << ", kb " << kb);
+                const vd::BlockStats st = vd::block_counts(c, t, qs, kb, nkb);
+                std::vector<std::int64_t> cnt(static_cast<std::size_t>(nqb * nkb), 0), lo(cnt.size(), c.n), hi(cnt.size(), 0);
+                for (std::int64_t qb = 0; qb < nqb; ++qb)
+                    for (std::int64_t i = qs[static_cast<std::size_t>(qb)]; i < qs[static_cast<std::size_t>(qb) + 1]; ++i)
+                        for (std::int64_t j = 0; j < c.n; ++j)
+                            if (c.allows(t, i, j)) {
+                                const auto b = static_cast<std::size_t>(qb * nkb + j / kb);
+                                ++cnt[b];
+                                lo[b] = std::min(lo[b], j);
+                                hi[b] = std::max(hi[b], j + 1);
+                            }
+                CHECK(st.cnt == cnt);
+                CHECK(st.lo == lo);
+                CHECK(st.hi == hi);
+            }
+        }
+    }
+}

@@ -80,7 +80,10 @@ struct BlockMask {
 namespace detail {
 
 // Per (query block, key block): count of allowed pairs and the [lo, hi) range of allowed keys of one
-// template; the only pass over rows.
+// template; the only pass over rows. O(rows x intervals + query blocks x key blocks): the key blocks a
+// row's interval covers whole are counted through a difference array per query block (one add at each
+// end), only the one or two blocks it cuts are updated directly. (Walking every block of every
+// interval cost O(n^2 / k_block) per template: 5.6 s for 28 mixed heads at 128K.)
 struct BlockStats {
     std::vector<std::int64_t> cnt, lo, hi;
 };
@@ -92,19 +95,49 @@ inline BlockStats block_counts(const MaskContext& c, MaskTemplate t, const std::
     st.lo.assign(st.cnt.size(), c.n);
     st.hi.assign(st.cnt.size(), 0);
     std::vector<KeyInterval> iv;
-    std::int64_t qb = 0;
-    for (std::int64_t i = 0; i < c.n; ++i) {
-        while (q_start[static_cast<std::size_t>(qb) + 1] <= i) ++qb;
+    std::vector<std::int64_t> whole(static_cast<std::size_t>(nkb) + 1);  // rows covering each key block whole (differences)
+    auto block_end = [&](std::int64_t kb) { return std::min(c.n, (kb + 1) * kb_size); };
+    for (std::int64_t qb = 0; qb < nqb; ++qb) {
         const std::int64_t base = qb * nkb;
-        c.row_intervals(t, i, iv);
-        for (const auto& x : iv) {
-            for (std::int64_t kb = x.lo / kb_size; kb <= (x.hi - 1) / kb_size; ++kb) {
-                const std::int64_t lo = std::max(x.lo, kb * kb_size), hi = std::min(x.hi, (kb + 1) * kb_size);
-                const auto b = static_cast<std::size_t>(base + kb);
-                st.cnt[b] += hi - lo;
-                st.lo[b] = std::min(st.lo[b], lo);
-                st.hi[b] = std::max(st.hi[b], hi);
+        std::fill(whole.begin(), whole.end(), 0);
+        bool any_whole = false;
+        auto part = [&](std::int64_t kb, std::int64_t lo, std::int64_t hi) {  // keys [lo, hi) of block kb
+            const auto b = static_cast<std::size_t>(base + kb);
+            st.cnt[b] += hi - lo;
+            st.lo[b] = std::min(st.lo[b], lo);
+            st.hi[b] = std::max(st.hi[b], hi);
+        };
+        for (std::int64_t i = q_start[static_cast<std::size_t>(qb)]; i < q_start[static_cast<std::size_t>(qb) + 1]; ++i) {
+            c.row_intervals(t, i, iv);
+            for (const auto& x : iv) {
+                const std::int64_t kb0 = x.lo / kb_size, kb1 = (x.hi - 1) / kb_size;
+                // Blocks [wa, wb] lie inside [x.lo, x.hi) whole.
+                const std::int64_t wa = (x.lo + kb_size - 1) / kb_size;
+                const std::int64_t wb = x.hi == c.n ? nkb - 1 : x.hi / kb_size - 1;
+                if (wa <= wb) {
+                    whole[static_cast<std::size_t>(wa)] += 1;
+                    whole[static_cast<std::size_t>(wb) + 1] -= 1;
+                    any_whole = true;
+                    if (kb0 < wa) part(kb0, x.lo, block_end(kb0));
+                    if (kb1 > wb) part(kb1, kb1 * kb_size, x.hi);
+                } else if (kb0 == kb1) {
+                    part(kb0, x.lo, x.hi);
+                } else {  // two cut blocks, none whole between them
+                    part(kb0, x.lo, block_end(kb0));
+                    part(kb1, kb1 * kb_size, x.hi);
+                }
             }
+        }
+        if (!any_whole) continue;
+        std::int64_t rows = 0;
+        for (std::int64_t kb = 0; kb < nkb; ++kb) {
+            rows += whole[static_cast<std::size_t>(kb)];
+            if (rows == 0) continue;
+            const auto b = static_cast<std::size_t>(base + kb);
+            const std::int64_t lo = kb * kb_size, hi = block_end(kb);
+            st.cnt[b] += rows * (hi - lo);
+            st.lo[b] = lo;  // a whole block: its first and last keys are allowed
+            st.hi[b] = hi;
         }
     }
     return st;
@@ -164,30 +197,49 @@ inline BlockMask make_block_mask(const MaskContext& ctx, std::span<const MaskTem
     bm.n_k_blocks = (ctx.n + k_block - 1) / k_block;
     bm.head_template.assign(heads.begin(), heads.end());
     bm.context = ctx;
-    detail::BlockStats counts[4];
+    // Each template's lists once (a scan of its counts), then copied for every head that uses it.
+    struct TemplateLists {
+        bool made = false;
+        std::vector<std::int64_t> full_off, full, part_off, part, part_lo, part_hi;  // per query block (CSR)
+    };
+    TemplateLists lists[4];
     bm.full_offsets.push_back(0);
     bm.partial_offsets.push_back(0);
     for (std::int64_t h = 0; h < bm.heads; ++h) {
         const auto t = static_cast<std::size_t>(heads[static_cast<std::size_t>(h)]);
-        if (counts[t].cnt.empty())
-            counts[t] = detail::block_counts(ctx, heads[static_cast<std::size_t>(h)], bm.q_block_start, k_block,
-                                             bm.n_k_blocks);
-        for (std::int64_t qb = 0; qb < bm.n_q_blocks; ++qb) {
-            const std::int64_t rows = bm.q_block_start[static_cast<std::size_t>(qb) + 1] - bm.q_block_start[static_cast<std::size_t>(qb)];
-            for (std::int64_t kb = 0; kb < bm.n_k_blocks; ++kb) {
-                const std::int64_t cols = std::min(k_block, ctx.n - kb * k_block);
-                const auto b = static_cast<std::size_t>(qb * bm.n_k_blocks + kb);
-                const std::int64_t c = counts[t].cnt[b];
-                if (c == rows * cols) {
-                    bm.full_indices.push_back(kb);
-                } else if (c > 0) {
-                    bm.partial_indices.push_back(kb);
-                    bm.partial_key_lo.push_back(counts[t].lo[b]);
-                    bm.partial_key_hi.push_back(counts[t].hi[b]);
+        TemplateLists& L = lists[t];
+        if (!L.made) {
+            L.made = true;
+            const detail::BlockStats counts =
+                detail::block_counts(ctx, heads[static_cast<std::size_t>(h)], bm.q_block_start, k_block, bm.n_k_blocks);
+            L.full_off.push_back(0);
+            L.part_off.push_back(0);
+            for (std::int64_t qb = 0; qb < bm.n_q_blocks; ++qb) {
+                const std::int64_t rows = bm.q_block_start[static_cast<std::size_t>(qb) + 1] - bm.q_block_start[static_cast<std::size_t>(qb)];
+                for (std::int64_t kb = 0; kb < bm.n_k_blocks; ++kb) {
+                    const std::int64_t cols = std::min(k_block, ctx.n - kb * k_block);
+                    const auto b = static_cast<std::size_t>(qb * bm.n_k_blocks + kb);
+                    const std::int64_t c = counts.cnt[b];
+                    if (c == rows * cols) {
+                        L.full.push_back(kb);
+                    } else if (c > 0) {
+                        L.part.push_back(kb);
+                        L.part_lo.push_back(counts.lo[b]);
+                        L.part_hi.push_back(counts.hi[b]);
+                    }
                 }
+                L.full_off.push_back(static_cast<std::int64_t>(L.full.size()));
+                L.part_off.push_back(static_cast<std::int64_t>(L.part.size()));
             }
-            bm.full_offsets.push_back(static_cast<std::int64_t>(bm.full_indices.size()));
-            bm.partial_offsets.push_back(static_cast<std::int64_t>(bm.partial_indices.size()));
+        }
+        const auto f0 = static_cast<std::int64_t>(bm.full_indices.size()), p0 = static_cast<std::int64_t>(bm.partial_indices.size());
+        bm.full_indices.insert(bm.full_indices.end(), L.full.begin(), L.full.end());
+        bm.partial_indices.insert(bm.partial_indices.end(), L.part.begin(), L.part.end());
+        bm.partial_key_lo.insert(bm.partial_key_lo.end(), L.part_lo.begin(), L.part_lo.end());
+        bm.partial_key_hi.insert(bm.partial_key_hi.end(), L.part_hi.begin(), L.part_hi.end());
+        for (std::int64_t qb = 0; qb < bm.n_q_blocks; ++qb) {
+            bm.full_offsets.push_back(f0 + L.full_off[static_cast<std::size_t>(qb) + 1]);
+            bm.partial_offsets.push_back(p0 + L.part_off[static_cast<std::size_t>(qb) + 1]);
         }
     }
     return bm;

@@ -107,8 +107,10 @@ struct MaskContextView {
 
     // The keys query i may see under template tmpl (the set allows(tmpl, i, j) gives over j), as
     // half-open intervals [lo, hi) handed to emit(lo, hi) in ascending order, disjoint and never
-    // touching. O(images before i's image + their sinks) per row, plus O(window) for the atrous video
-    // mask; no allocation, so a kernel can walk a row's intervals as the host does
+    // touching. O(images before i's image) per row when each image's sinks are one run of positions
+    // (sink_fraction: its first tokens), plus O(sinks) of the images whose sinks are not (sink_offsets
+    // with gaps) and of a video query's own video under the Sink template, plus O(window) for the
+    // atrous video mask; no allocation, so a kernel can walk a row's intervals as the host does
     // (MaskContext::row_intervals collects them in a vector). Needs sink_start and sink_pos.
     template <class Emit>
     VLSPARSE_HD void row_intervals(int tmpl, I i, Emit&& emit) const {
@@ -140,23 +142,39 @@ struct MaskContextView {
             I pos = 0;  // text between earlier images, their sinks unless Document
             for (I b = 0; b < r.a; ++b) {
                 out.push(pos, mask_load(image_start + b));
-                if (tmpl != 2)
-                    for (I s = mask_load(sink_start + b), e = mask_load(sink_start + b + 1); s < e; ++s) {
-                        const I p = mask_load(sink_pos + s);
-                        out.push(p, p + 1);
+                if (tmpl != 2) {
+                    const I s0 = mask_load(sink_start + b), e = mask_load(sink_start + b + 1);
+                    if (s0 < e && mask_load(sink_pos + e - 1) - mask_load(sink_pos + s0) == e - 1 - s0) {
+                        out.push(mask_load(sink_pos + s0), mask_load(sink_pos + e - 1) + 1);  // one run (ascending, unique)
+                    } else {
+                        for (I s = s0; s < e; ++s) {
+                            const I p = mask_load(sink_pos + s);
+                            out.push(p, p + 1);
+                        }
                     }
+                }
                 pos = mask_load(image_end + b);
             }
             out.push(pos, r.vs);
             if (tmpl == 1) {  // Sink: the own image's sinks before hi, and i itself
-                bool self = false;
-                for (I s = mask_load(sink_start + r.a), e = mask_load(sink_start + r.a + 1); s < e; ++s) {
-                    const I p = mask_load(sink_pos + s);
-                    if (p >= r.hi) break;
-                    if (!self && i < p) out.push(i, i + 1), self = true;
-                    out.push(p, p + 1);
+                const I s0 = mask_load(sink_start + r.a), e = mask_load(sink_start + r.a + 1);
+                if (s0 < e && mask_load(sink_pos + e - 1) - mask_load(sink_pos + s0) == e - 1 - s0) {
+                    // One run [p0, p1): the part before hi, with i in its place.
+                    const I p0 = mask_load(sink_pos + s0), p1 = mask_load(sink_pos + e - 1) + 1;
+                    const I q = p1 < r.hi ? p1 : r.hi;
+                    if (i < p0) out.push(i, i + 1);
+                    out.push(p0, q);
+                    if (i >= p0) out.push(i, i + 1);
+                } else {
+                    bool self = false;
+                    for (I s = s0; s < e; ++s) {
+                        const I p = mask_load(sink_pos + s);
+                        if (p >= r.hi) break;
+                        if (!self && i < p) out.push(i, i + 1), self = true;
+                        out.push(p, p + 1);
+                    }
+                    if (!self) out.push(i, i + 1);
                 }
-                if (!self) out.push(i, i + 1);
             } else {
                 out.push(r.vs, r.hi);
             }
