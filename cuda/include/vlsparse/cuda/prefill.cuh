@@ -22,9 +22,10 @@
 // The dense and token-sparse front ends pack the query heads of a KV
 // group into one block's rows, so each K / V tile is loaded once for the group; the token-sparse
 // front end reads the kept rows of q, k and v in place (no gather pass). The block-sparse front end
-// cuts the keys each query block may see into segments from the mask (block_counts of
-// vlsparse/masks/block_mask.hpp at 64-key granularity): segments every row sees whole run without a
-// mask, causal ones with a position compare, and only the rest evaluate the template per element.
+// cuts the keys each query block may see into segments (vlsparse/masks/segment_plan.hpp, from the
+// mask's counts at 64-key granularity): segments every row sees whole run without a mask, causal ones
+// with a position compare, a video's key one frame back (temporal / spatial-temporal masks) as one
+// score per row, and only the rest evaluate the template per element.
 //
 // Checks (vlsparse::error, before anything is launched): types, shapes, strides, alignment, aliasing,
 // the host list bounds. opt.check_inputs (default on): a small kernel checks the device lists

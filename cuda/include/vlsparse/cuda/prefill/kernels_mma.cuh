@@ -31,7 +31,9 @@
 //   - kFull: every pair of the tile is allowed (no mask is evaluated); kCausal: allowed when the
 //     key's position is at or before the row's; kGeneral: the template / video mask of
 //     vlsparse/masks/templates.hpp evaluated per element (the block's partial tiles only). A tile
-//     marked kCausal whose last key lies at or before every row of the block runs unmasked.
+//     marked kCausal whose last key lies at or before every row of the block runs unmasked;
+//   - kDiagonal (block-sparse): row r sees the one key r - delta of the segment; not tiled, computed
+//     per row on the CUDA cores after the tiles.
 // K and V tiles go through a ring in shared memory (cp.async, XOR-swizzled 16-byte chunks; 3 stages for
 // mma.sync, 5 for wgmma); the positions of the next tile's rows are fetched one tile ahead.
 //
