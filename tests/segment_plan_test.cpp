@@ -99,6 +99,7 @@ TEST_CASE("segment plan: every row's segments hold exactly its allowed keys", "[
                 const std::int64_t allowed = check_segments_exact(ctx, kSegPlanHeads, plan);
                 CHECK(plan.allowed == allowed);
                 CHECK(plan.computed >= plan.allowed);
+                CHECK(plan.block_pairs == make_block_mask(ctx, kSegPlanHeads, 128, 64).computed_pairs());
                 // Every (head, query block) is one item.
                 CHECK(plan.items.size() == 4 * (detail::query_block_starts(ctx, 128).size() - 1));
             }

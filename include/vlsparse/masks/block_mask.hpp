@@ -168,10 +168,12 @@ inline std::vector<std::int64_t> query_block_starts(const MaskContext& c, std::i
 
 }  // namespace detail
 
-// Builds the block mask of per-head templates (heads.size() query heads) on a mask context.
-inline BlockMask make_block_mask(const MaskContext& ctx, std::span<const MaskTemplate> heads, std::int64_t q_block = 128,
-                                 std::int64_t k_block = 128) {
-    constexpr const char* fn = "make_block_mask";
+namespace detail {
+
+// The checks of make_block_mask (fn names the caller in the messages): head templates, block sizes, a
+// context from make_mask_context / make_video_mask_context.
+inline void check_block_mask_request(const MaskContext& ctx, std::span<const MaskTemplate> heads, std::int64_t q_block,
+                                     std::int64_t k_block, const char* fn) {
     detail::require(!heads.empty(), fn, "no head templates given, expected one per query head");
     detail::require(q_block >= 1, fn, "q_block = ", q_block, ", expected >= 1");
     detail::require(k_block >= 1, fn, "k_block = ", k_block, ", expected >= 1");
@@ -187,6 +189,14 @@ inline BlockMask make_block_mask(const MaskContext& ctx, std::span<const MaskTem
     for (std::size_t h = 0; h < heads.size(); ++h)
         detail::require(static_cast<std::uint8_t>(heads[h]) <= 3, fn, "head ", h, " has template value ",
                         static_cast<int>(heads[h]), ", expected one of Dense, Sink, Document, Document-Sink");
+}
+
+}  // namespace detail
+
+// Builds the block mask of per-head templates (heads.size() query heads) on a mask context.
+inline BlockMask make_block_mask(const MaskContext& ctx, std::span<const MaskTemplate> heads, std::int64_t q_block = 128,
+                                 std::int64_t k_block = 128) {
+    detail::check_block_mask_request(ctx, heads, q_block, k_block, "make_block_mask");
     BlockMask bm;
     bm.n = ctx.n;
     bm.heads = static_cast<std::int64_t>(heads.size());

@@ -136,6 +136,16 @@ struct MaskContextView {
         };
         const MaskRowFacts<I> r = row(tmpl, i);
         Merge out{emit, r.T > 0 ? r.vs : n};  // n: past every key
+        // Image b's sinks when they are one run of positions [p0, p1) (ascending and unique, so the span
+        // equals the count): handed over as one interval instead of one per sink.
+        auto sink_run = [&](I b, I& s0, I& e, I& p0, I& p1) {
+            s0 = mask_load(sink_start + b);
+            e = mask_load(sink_start + b + 1);
+            if (s0 >= e) return false;
+            p0 = mask_load(sink_pos + s0);
+            p1 = mask_load(sink_pos + e - 1) + 1;
+            return p1 - p0 == e - s0;
+        };
         if (r.a < 0 || tmpl == 0) {
             out.push(0, r.hi);  // text: causal; Dense image query: everything before hi
         } else {
@@ -143,9 +153,9 @@ struct MaskContextView {
             for (I b = 0; b < r.a; ++b) {
                 out.push(pos, mask_load(image_start + b));
                 if (tmpl != 2) {
-                    const I s0 = mask_load(sink_start + b), e = mask_load(sink_start + b + 1);
-                    if (s0 < e && mask_load(sink_pos + e - 1) - mask_load(sink_pos + s0) == e - 1 - s0) {
-                        out.push(mask_load(sink_pos + s0), mask_load(sink_pos + e - 1) + 1);  // one run (ascending, unique)
+                    I s0, e, p0, p1;
+                    if (sink_run(b, s0, e, p0, p1)) {
+                        out.push(p0, p1);
                     } else {
                         for (I s = s0; s < e; ++s) {
                             const I p = mask_load(sink_pos + s);
@@ -157,10 +167,8 @@ struct MaskContextView {
             }
             out.push(pos, r.vs);
             if (tmpl == 1) {  // Sink: the own image's sinks before hi, and i itself
-                const I s0 = mask_load(sink_start + r.a), e = mask_load(sink_start + r.a + 1);
-                if (s0 < e && mask_load(sink_pos + e - 1) - mask_load(sink_pos + s0) == e - 1 - s0) {
-                    // One run [p0, p1): the part before hi, with i in its place.
-                    const I p0 = mask_load(sink_pos + s0), p1 = mask_load(sink_pos + e - 1) + 1;
+                I s0, e, p0, p1;
+                if (sink_run(r.a, s0, e, p0, p1)) {  // the part of the run before hi, with i in its place
                     const I q = p1 < r.hi ? p1 : r.hi;
                     if (i < p0) out.push(i, i + 1);
                     out.push(p0, q);

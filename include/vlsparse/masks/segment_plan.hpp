@@ -53,6 +53,7 @@ struct SegmentPlan {
     std::int64_t allowed = 0;       // allowed pairs, summed over heads
     std::int64_t computed = 0;      // rows x keys of every non-diagonal segment + one pair per diagonal row
     std::int64_t diagonal_rows = 0; // rows whose key was taken out as a diagonal, summed over heads
+    std::int64_t block_pairs = 0;   // BlockMask::computed_pairs of the same query blocks and kb-key blocks
 };
 
 // The candidate diagonal of query block [r0, r1): delta = T when the block lies in frame >= 1 of a video
@@ -80,10 +81,18 @@ inline SegmentPlan plan_key_segments(const MaskContext& ctx, std::span<const Mas
     SegmentPlan plan;
     std::vector<std::int64_t> seg_off(static_cast<std::size_t>(4 * nqb + 1), 0);  // [template][qb] -> first segment
     std::vector<std::int64_t> work(static_cast<std::size_t>(4 * nqb), 0);         // rows x tile-rounded keys
-    std::int64_t allowed_t[4] = {0, 0, 0, 0}, computed_t[4] = {0, 0, 0, 0}, diag_t[4] = {0, 0, 0, 0};
+    std::int64_t allowed_t[4] = {0, 0, 0, 0}, computed_t[4] = {0, 0, 0, 0}, diag_t[4] = {0, 0, 0, 0},
+                 block_t[4] = {0, 0, 0, 0};
     bool used[4] = {false, false, false, false};
     for (auto t : heads) used[static_cast<int>(t)] = true;
     std::vector<KeyInterval> iv;
+    auto merge_kind = [&](int x, int y) {  // the kind two touching segments merge into, or -1
+        if (x == kKeySegDiagonal || y == kKeySegDiagonal) return -1;
+        if (x == y) return x;
+        if (!ctx.bidirectional_images && (x == kKeySegFull || x == kKeySegCausal) && (y == kKeySegFull || y == kKeySegCausal))
+            return static_cast<int>(kKeySegCausal);
+        return -1;
+    };
 
     // A range's pair count and trimmed key range over the block's rows.
     struct Stat {
@@ -115,6 +124,10 @@ inline SegmentPlan plan_key_segments(const MaskContext& ctx, std::span<const Mas
         for (std::int64_t b = 0; b < nqb; ++b) {
             const std::int64_t r0 = q_start[static_cast<std::size_t>(b)], r1 = q_start[static_cast<std::size_t>(b) + 1];
             const std::int64_t rows = r1 - r0;
+            for (std::int64_t c = 0; c < nkb; ++c) {  // every listed block trimmed to its allowed keys
+                const auto i = static_cast<std::size_t>(b * nkb + c);
+                if (st.cnt[i] > 0) block_t[t] += rows * (st.hi[i] - st.lo[i]);
+            }
             // The diagonal, if the block has one: keys [dlo, dhi), column blocks ca .. cb cut around it.
             std::int64_t delta = diagonal_candidate(ctx, r0, r1), dlo = 0, dhi = 0, ca = nkb, cb = -1;
             if (delta > 0) {
@@ -170,14 +183,6 @@ inline SegmentPlan plan_key_segments(const MaskContext& ctx, std::span<const Mas
                     for (std::int64_t r = r0; r < r1; ++r) causal += std::max<std::int64_t>(0, std::min(hi, r + 1) - lo);
                     if (causal == rg.s.cnt) kind = kKeySegCausal;
                 }
-                auto merge_kind = [&](int x, int y) {  // the kind two touching segments merge into, or -1
-                    if (x == kKeySegDiagonal || y == kKeySegDiagonal) return -1;
-                    if (x == y) return x;
-                    if (!ctx.bidirectional_images && (x == kKeySegFull || x == kKeySegCausal) &&
-                        (y == kKeySegFull || y == kKeySegCausal))
-                        return static_cast<int>(kKeySegCausal);
-                    return -1;
-                };
                 if (plan.segs.size() > first && plan.segs.back().hi == lo && merge_kind(plan.segs.back().kind, kind) >= 0) {
                     plan.segs.back().kind = merge_kind(plan.segs.back().kind, kind);
                     plan.segs.back().hi = static_cast<int>(hi);
@@ -203,6 +208,7 @@ inline SegmentPlan plan_key_segments(const MaskContext& ctx, std::span<const Mas
         plan.allowed += allowed_t[t];
         plan.computed += computed_t[t];
         plan.diagonal_rows += diag_t[t];
+        plan.block_pairs += block_t[t];
         for (std::int64_t b = 0; b < nqb; ++b) {
             const auto i = static_cast<std::size_t>(t * nqb + b);
             const auto s0 = seg_off[i], s1 = seg_off[i + 1];

@@ -43,7 +43,6 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
-#include <numeric>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -369,9 +368,9 @@ public:
         constexpr const char* fn = "cuda::MaskedPrefillPlan::plan";
         using ::vlsparse::detail::require;
         const std::int64_t H = static_cast<std::int64_t>(heads.size());
-        // make_block_mask validates the context and the templates (and computes the full / partial blocks
-        // the docs and benchmarks report); the segments come from the same per-block counts.
-        const BlockMask bm = make_block_mask(ctx, heads, detail::kPrefillRows, detail::kPrefillKeys);
+        // The checks of make_block_mask (the context and the templates, same messages); the segments and
+        // the block measure of block_mask_pairs() come from one pass of per-block counts.
+        ::vlsparse::detail::check_block_mask_request(ctx, heads, detail::kPrefillRows, detail::kPrefillKeys, "make_block_mask");
         require(n_kv_heads >= 1 && H % n_kv_heads == 0, fn, "H = ", H, " head templates is not a multiple of H_kv = ",
                 n_kv_heads);
         require(ctx.n <= (std::int64_t{1} << 30), fn, "the mask covers ", ctx.n, " tokens, at most 2^30 are supported");
@@ -379,7 +378,8 @@ public:
         H_ = H;
         Hkv_ = n_kv_heads;
         // The segments of every (template, query block) and the items of every head (masks/segment_plan.hpp).
-        ::vlsparse::detail::SegmentPlan sp = ::vlsparse::detail::plan_key_segments(ctx, heads, bm.q_block_start, detail::kPrefillKeys);
+        ::vlsparse::detail::SegmentPlan sp = ::vlsparse::detail::plan_key_segments(
+            ctx, heads, ::vlsparse::detail::query_block_starts(ctx, detail::kPrefillRows), detail::kPrefillKeys);
         allowed_ = sp.allowed;
         computed_ = sp.computed;
         diagonal_rows_ = sp.diagonal_rows;
@@ -422,7 +422,7 @@ public:
         mask_.context.video_dilation = static_cast<int>(ctx.video_dilation);
         n_items_ = static_cast<std::int64_t>(sorted.size());
         n_segments_ = static_cast<std::int64_t>(segs.size());
-        block_pairs_ = bm.computed_pairs();
+        block_pairs_ = sp.block_pairs;
     }
 
     bool planned() const { return n_ > 0; }
