@@ -3,9 +3,9 @@
 // vlsparse/cuda/prefill.cuh (namespace vlsparse::cuda::detail). Two instruction paths, one kernel:
 //   - mma.sync m16n8k16 (sm_80+): K and V fragments read from shared memory with ldmatrix;
 //   - wgmma (sm_90a, Hopper; template flag WG, used on a cc 9.0 GPU): each group of 4 warps (a
-//     warpgroup, 64 m rows) issues S = Q K^T as wgmma m64n64k16 (Q and K read by the tensor cores
-//     straight from shared memory through matrix descriptors) and O += P V as m64n{D}k16 (P from
-//     registers, V transposed by the instruction). Warp-specialized: a third warpgroup only copies the
+//     warpgroup, 64 m rows) issues S = Q K^T as wgmma m64n64k16 (Q from registers, K read by the
+//     tensor cores straight from shared memory through a matrix descriptor) and O += P V as m64n{D}k16
+//     (P from registers, V transposed by the instruction). Warp-specialized: a third warpgroup only copies the
 //     key tiles (cp.async, handed over through mbarriers), the two compute warpgroups run without a
 //     block barrier and take turns on the tensor cores (ping-pong). Compiled without sm_90a
 //     (__CUDA_ARCH_FEAT_SM90_ALL undefined), the WG instantiation runs the mma.sync loop on its first
@@ -676,16 +676,20 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
         copy_wait<2>();  // Q (the oldest group; the two tiles of the prologue may still be in flight)
         sync_compute();
     }
-    // mma.sync: Q's A fragments in registers for the whole block. wgmma reads Q from shared memory
-    // (A through a descriptor): no registers held across the key loop (ptxas 13.0 was seen to reuse
-    // the registers of a wgmma A operand inside the loop, so A from registers is only used for P).
+    // Q's A fragments in registers for the whole block, on both paths (the warp's 16 rows: wgmma's m64 A
+    // fragment gives each warp of the warpgroup the mma.sync layout of its 16 rows). wgmma reads them
+    // asynchronously, so every issue of S is preceded by a register fence on them (wgmma_reg_fence_u);
+    // an earlier version without it saw ptxas 13.0 reuse those registers inside the loop. A
+    // from registers halves S's shared-memory operand traffic against Q read through a descriptor
+    // (3.5% faster dense, H200).
     unsigned qf[S::KS][4];
-    if constexpr (!use_wgmma) {
+    auto load_q_fragments = [&]() {
         const int r = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
         for (int ks = 0; ks < S::KS; ++ks)
             prefill_ldsm(qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], sq + S::swz(r, 2 * ks + (lane >> 4)));
-    }
+    };
+    if constexpr (!use_wgmma) load_q_fragments();
 
     float o[S::DT][4];
 #pragma unroll
@@ -701,13 +705,13 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
             // in plane ks / 4 at byte 32 (ks % 4) of each 128-byte row (the swizzle applies to the address).
             float(&sf)[32] = reinterpret_cast<float(&)[32]>(s);
             const unsigned kaddr = static_cast<unsigned>(__cvta_generic_to_shared(sk));
-            const unsigned qaddr = static_cast<unsigned>(__cvta_generic_to_shared(sq)) + (warp >> 2) * 64 * 128;
             wgmma_reg_fence(sf);
+            wgmma_reg_fence_u(qf);
             wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < S::KS; ++ks)
-                wgmma_ss_n64<T>(sf, wgmma_desc(qaddr + (ks >> 2) * S::Q_PLANE_BYTES + (ks & 3) * 32, 16, 1024),
-                                wgmma_desc(kaddr + (ks >> 2) * S::PLANE_BYTES + (ks & 3) * 32, 16, 1024), ks > 0);
+                wgmma_rs_n64<T, 0>(sf, qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3],
+                                   wgmma_desc(kaddr + (ks >> 2) * S::PLANE_BYTES + (ks & 3) * 32, 16, 1024), ks > 0);
             wgmma_commit();
         } else {
 #pragma unroll
@@ -910,6 +914,7 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
             return;
         }
         set_max_regs_inc<kPrefillConsumerRegs>();
+        load_q_fragments();
         // The number of tiles (the producer's cursor, counted).
         int n_tiles = 0;
         for (int sg = seg_begin; sg < seg_end; ++sg) {
