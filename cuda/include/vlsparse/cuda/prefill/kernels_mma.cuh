@@ -851,6 +851,11 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
             constexpr int PRPP = PT / S::CPR;                       // rows per copy pass
             constexpr int PKPT = S::BN / PRPP;                      // rows per thread per tile
             const int ptid = tid - kPrefillThreads, c = ptid % S::CPR;
+            // Positions as entries (dense, block-sparse): this thread's rows of a tile are r0 + j PRPP, so its
+            // sources are one pointer per tile plus a constant stride (64-bit multiplies once per tile, not
+            // per row: the producer's address arithmetic was half of its instructions).
+            const int r0 = ptid / S::CPR;
+            const std::int64_t kstride = static_cast<std::int64_t>(PRPP) * a.k_s0, vstride = static_cast<std::int64_t>(PRPP) * a.v_s0;
             // Token-sparse keys: the list entries of the next tile, loaded while this one is copied.
             int ppos[PKPT], plast = 0;
             auto pfetch = [&]() {
@@ -876,20 +881,36 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
                 T* sv = sk + S::TILE;
                 // (The same row copy as issue() above, written out again: one lambda shared by both loops
                 // made the dense prefill 5% slower on the H100, 4.76 -> 5.02 ms at 16K, in one call.)
+                const bool key_meta = masked && ld.kind == kSegGeneral;  // what general tiles' masks read of a key
+                if (klist) {  // token-sparse: rows gathered through the list (no mask metadata: no items)
 #pragma unroll
-                for (int j = 0; j < PKPT; ++j) {
-                    const int r = ptid / S::CPR + j * PRPP;
-                    const int e = ld.tile + r;
-                    const bool ok = e < ld.hi;
-                    const int pos = ok ? (klist ? ppos[j] : e) : -1;
-                    const std::int64_t p = pos < 0 ? 0 : pos;
-                    copy16_async(sk + S::swz_kv(r, c), kbase + p * a.k_s0 + c * 8, ok);
-                    copy16_async(sv + S::swz_kv(r, c), vbase + p * a.v_s0 + c * 8, ok);
-                    if (c == 0) {
-                        skpos[st * S::BN + r] = pos;
-                        if (masked && ld.kind == kSegGeneral) {
-                            skimg[st * S::BN + r] = pos < 0 ? -1 : __ldg(a.mask.context.token_image + pos);
-                            sksink[st * S::BN + r] = pos < 0 ? 0 : __ldg(a.mask.context.token_sink + pos);
+                    for (int j = 0; j < PKPT; ++j) {
+                        const int r = r0 + j * PRPP;
+                        const bool ok = ld.tile + r < ld.hi;
+                        const int pos = ok ? ppos[j] : -1;
+                        const std::int64_t p = pos < 0 ? 0 : pos;
+                        copy16_async(sk + S::swz_kv(r, c), kbase + p * a.k_s0 + c * 8, ok);
+                        copy16_async(sv + S::swz_kv(r, c), vbase + p * a.v_s0 + c * 8, ok);
+                        if (c == 0) skpos[st * S::BN + r] = pos;
+                    }
+                } else {
+                    const T* kt = kbase + static_cast<std::int64_t>(ld.tile + r0) * a.k_s0 + c * 8;
+                    const T* vt = vbase + static_cast<std::int64_t>(ld.tile + r0) * a.v_s0 + c * 8;
+#pragma unroll
+                    for (int j = 0; j < PKPT; ++j) {
+                        const int r = r0 + j * PRPP;
+                        const int e = ld.tile + r;
+                        const bool ok = e < ld.hi;
+                        // (a row past the segment reads nothing: zero-filled, its source kept in bounds)
+                        copy16_async(sk + S::swz_kv(r, c), ok ? kt + j * kstride : kbase, ok);
+                        copy16_async(sv + S::swz_kv(r, c), ok ? vt + j * vstride : vbase, ok);
+                        if (c == 0) {
+                            const int pos = ok ? e : -1;
+                            skpos[st * S::BN + r] = pos;
+                            if (key_meta) {
+                                skimg[st * S::BN + r] = pos < 0 ? -1 : __ldg(a.mask.context.token_image + pos);
+                                sksink[st * S::BN + r] = pos < 0 ? 0 : __ldg(a.mask.context.token_sink + pos);
+                            }
                         }
                     }
                 }
