@@ -723,6 +723,15 @@ TEST_CASE("cuda prefill: errors", "[cuda][prefill]") {
                                                       View3<float>(dv.out.data(), {n - 1, H, d})),
                         Contains("16-byte aligned"));
     {
+        // K / V rows 4 GiB or more apart: the tensor-core kernel gathers rows with 32-bit byte pitches. (One
+        // token, so no row past the first is ever addressed.)
+        const std::int64_t far = std::int64_t{1} << 31;  // elements: 4 GiB of bf16
+        const View3<const bfloat16> kfar(dv.k.data(), {1, Hkv, d}, {far, d, 1});
+        REQUIRE_THROWS_WITH(cuda::dense_prefill_attention(View3<const bfloat16>(dv.q.data(), {1, H, d}), kfar, kfar,
+                                                          View3<float>(dv.out.data(), {1, H, d})),
+                            Contains("row strides below 4 GiB"));
+    }
+    {
         // The CUDA-core kernel takes an unaligned base (checked against the aligned run).
         cuda::PrefillOptions simt;
         simt.kernel = cuda::PrefillKernel::simt;

@@ -143,6 +143,12 @@ void prefill_common(View3<const T> q, View3<const T> k, View3<const T> v, View3<
     require(!prefill_on_tensor_cores<T>(d, opt) || (rows_ok(q) && rows_ok(k) && rows_ok(v)), fn,
             "q, k and v need row and head strides that are multiples of 8 elements and a 16-byte aligned base "
             "(the tensor cores read 16-byte chunks; PrefillKernel::simt takes any)");
+    // (The tensor-core kernel gathers token-sparse K / V rows with 32-bit byte pitches.)
+    require(!prefill_on_tensor_cores<T>(d, opt) ||
+                (k.stride[0] * static_cast<std::int64_t>(sizeof(T)) < (std::int64_t{1} << 32) &&
+                 v.stride[0] * static_cast<std::int64_t>(sizeof(T)) < (std::int64_t{1} << 32)),
+            fn, "k and v rows ", k.stride[0], " and ", v.stride[0],
+            " elements apart; the tensor cores take row strides below 4 GiB (PrefillKernel::simt takes any)");
     const float scale = ::vlsparse::detail::resolve_scale(AttentionOptions{opt.scale, false}, d, fn);
     a.q = q.data;
     a.k = k.data;

@@ -856,6 +856,11 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
             // per row: the producer's address arithmetic was half of its instructions).
             const int r0 = ptid / S::CPR;
             const std::int64_t kstride = static_cast<std::int64_t>(PRPP) * a.k_s0, vstride = static_cast<std::int64_t>(PRPP) * a.v_s0;
+            // Gathered rows (token-sparse): this thread's chunk of row 0, and the row pitches in bytes.
+            const char* kbytes = reinterpret_cast<const char*>(kbase + c * 8);
+            const char* vbytes = reinterpret_cast<const char*>(vbase + c * 8);
+            const unsigned kpitch = static_cast<unsigned>(a.k_s0 * static_cast<std::int64_t>(sizeof(T)));
+            const unsigned vpitch = static_cast<unsigned>(a.v_s0 * static_cast<std::int64_t>(sizeof(T)));
             // Token-sparse keys: the list entries of the next tile, loaded while this one is copied.
             int ppos[PKPT], plast = 0;
             auto pfetch = [&]() {
@@ -888,9 +893,11 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
                         const int r = r0 + j * PRPP;
                         const bool ok = ld.tile + r < ld.hi;
                         const int pos = ok ? ppos[j] : -1;
-                        const std::int64_t p = pos < 0 ? 0 : pos;
-                        copy16_async(sk + S::swz_kv(r, c), kbase + p * a.k_s0 + c * 8, ok);
-                        copy16_async(sv + S::swz_kv(r, c), vbase + p * a.v_s0 + c * 8, ok);
+                        // The row's byte offset as one 32 x 32 -> 64-bit multiply-add (row pitches < 4 GiB,
+                        // checked on the host).
+                        const std::uint64_t p = pos < 0 ? 0u : static_cast<unsigned>(pos);
+                        copy16_async(sk + S::swz_kv(r, c), kbytes + p * kpitch, ok);
+                        copy16_async(sv + S::swz_kv(r, c), vbytes + p * vpitch, ok);
                         if (c == 0) skpos[st * S::BN + r] = pos;
                     }
                 } else {
