@@ -903,6 +903,15 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
                 } else {
                     const T* kt = kbase + static_cast<std::int64_t>(ld.tile + r0) * a.k_s0 + c * 8;
                     const T* vt = vbase + static_cast<std::int64_t>(ld.tile + r0) * a.v_s0 + c * 8;
+                    if (!short_tile && !key_meta) {  // every row present (the usual tile): no per-row checks
+#pragma unroll
+                        for (int j = 0; j < PKPT; ++j) {
+                            const int r = r0 + j * PRPP;
+                            copy16_async(sk + S::swz_kv(r, c), kt + j * kstride);
+                            copy16_async(sv + S::swz_kv(r, c), vt + j * vstride);
+                            if (c == 0) skpos[st * S::BN + r] = ld.tile + r;
+                        }
+                    } else
 #pragma unroll
                     for (int j = 0; j < PKPT; ++j) {
                         const int r = r0 + j * PRPP;
@@ -1067,6 +1076,11 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
     }
 
     // ---- outputs ----------------------------------------------------------------------------------
+    // A thread's two adjacent columns as one 4-byte store where out is 16-bit with unit inner stride and
+    // every row starts 4-byte aligned (else two stores).
+    constexpr bool out16 = std::is_same_v<TO, bfloat16> || std::is_same_v<TO, half>;
+    const bool paired = out16 && a.o_s2 == 1 && a.o_s0 % 2 == 0 && a.o_s1 % 2 == 0 &&
+                        reinterpret_cast<std::uintptr_t>(a.out) % 4 == 0;
     bool bad = false;
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
@@ -1082,6 +1096,12 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
             const int c = j * 8 + (lane & 3) * 2;
             const float x0 = o[j][2 * rr] * inv, x1 = o[j][2 * rr + 1] * inv;
             bad |= !isfinite(x0) || !isfinite(x1) || (l > 0.0f && !isfinite(l));
+            if constexpr (out16) {
+                if (paired) {
+                    *reinterpret_cast<unsigned*>(dst + c) = prefill_pack<TO>(x0, x1);
+                    continue;
+                }
+            }
             store_f(dst + c * a.o_s2, x0);
             store_f(dst + (c + 1) * a.o_s2, x1);
         }
