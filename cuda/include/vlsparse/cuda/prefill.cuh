@@ -390,8 +390,8 @@ public:
         computed_ = sp.computed;
         diagonal_rows_ = sp.diagonal_rows;
         require(sp.items.size() < (std::size_t{1} << 31), fn, "too many blocks: ", sp.items.size());
-        std::vector<detail::PrefillItem>& sorted = sp.items;
-        std::vector<detail::PrefillSegment>& segs = sp.segs;
+        const std::vector<detail::PrefillItem>& items = sp.items;  // the longest first
+        const std::vector<detail::PrefillSegment>& segs = sp.segs;
 
         std::vector<std::int32_t> img(ctx.token_image.begin(), ctx.token_image.end());
         std::vector<std::int32_t> istart(ctx.image_start.begin(), ctx.image_start.end());
@@ -403,7 +403,7 @@ public:
         std::vector<std::int32_t> spos(ctx.sink_pos.begin(), ctx.sink_pos.end());
         std::vector<std::uint8_t> tmpl(heads.size());
         for (std::size_t h = 0; h < heads.size(); ++h) tmpl[h] = static_cast<std::uint8_t>(heads[h]);
-        items_ = DeviceArray<detail::PrefillItem>(sorted);
+        items_ = DeviceArray<detail::PrefillItem>(items);
         segs_ = DeviceArray<detail::PrefillSegment>(segs);
         token_image_ = DeviceArray<std::int32_t>(img);
         token_sink_ = DeviceArray<std::uint8_t>(ctx.token_sink);
@@ -426,7 +426,7 @@ public:
         mask_.context.video = static_cast<int>(ctx.video);
         mask_.context.video_window = static_cast<int>(ctx.video_window);
         mask_.context.video_dilation = static_cast<int>(ctx.video_dilation);
-        n_items_ = static_cast<std::int64_t>(sorted.size());
+        n_items_ = static_cast<std::int64_t>(items.size());
         n_segments_ = static_cast<std::int64_t>(segs.size());
         block_pairs_ = sp.block_pairs;
     }

@@ -884,8 +884,10 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
                 const bool short_tile = ld.tile + S::BN > ld.hi;
                 T* sk = skv + st * 2 * S::TILE;
                 T* sv = sk + S::TILE;
-                // (The same row copy as issue() above, written out again: one lambda shared by both loops
-                // made the dense prefill 5% slower on the H100, 4.76 -> 5.02 ms at 16K, in one call.)
+                // (The copy of issue() above, written out again for this loop: one lambda shared by both
+                // made the dense prefill 5% slower on the H100, 4.76 -> 5.02 ms at 16K, in one call. This
+                // one also takes full tiles without per-row checks and gathered rows by 32-bit pitches,
+                // which the mma.sync loop, not the bottleneck there, does not.)
                 const bool key_meta = masked && ld.kind == kSegGeneral;  // what general tiles' masks read of a key
                 if (klist) {  // token-sparse: rows gathered through the list (no mask metadata: no items)
 #pragma unroll
