@@ -89,6 +89,24 @@ __device__ __forceinline__ void store_any(void* p, DType t, std::int64_t i, floa
     }
 }
 
+// x[i] = p[idx(i)] as float (0 where idx(i) < 0), i < N, with the element type's switch taken once,
+// outside the loop, so that the N loads can be issued together before any of them is used.
+template <int N, class Idx>
+__device__ __forceinline__ void load_values(const void* p, DType t, float (&x)[N], Idx&& idx) {
+    auto run = [&](const auto* ptr) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            const std::int64_t k = idx(i);
+            x[i] = k >= 0 ? load_f(ptr + k) : 0.0f;
+        }
+    };
+    switch (t) {
+        case DType::f32: run(static_cast<const float*>(p)); break;
+        case DType::f16: run(static_cast<const half*>(p)); break;
+        default: run(static_cast<const bfloat16*>(p)); break;
+    }
+}
+
 // Butterfly reduce-scatter of V values over the L lanes of a row group (V <= L, both powers of two):
 // on return v[0] is the group's total of value number `owner(lane)`.
 template <int V, int L>
@@ -278,8 +296,9 @@ __device__ __forceinline__ void decode_finish(const DecodeArgs<TC>& a, const Dec
     // columns of one vector and reads the chunks in batches of kMergeBatch whose loads are issued
     // together (no predicate: the last partial batch takes the one-at-a-time loop), with the running
     // max, sum and output rescaled once per batch -- one pass, about nch / kMergeBatch L2 round trips
-    // (a max pass then a sum pass took twice as many: 1 us more at B = 1, n = 16K).
-    constexpr int kMergeBatch = 8;
+    // (a max pass then a sum pass took twice as many: 1 us more at B = 1, n = 16K; batches of 16 rather
+    // than 8: 1-2 us less at B = 1, where a unit has 32 chunks; the registers are free by then).
+    constexpr int kMergeBatch = 16;
     const float* p0 = a.part + static_cast<std::int64_t>(it.first_item) * PS;
     const int nch = it.n_items;
     for (int idx = tid; idx < nv * (D / 4); idx += kDecodeThreads) {

@@ -114,22 +114,20 @@ __global__ void __launch_bounds__(kDecodeThreads, (D == 128 && ST_ == 3) ? 2 : 3
 
     // q fragments of query vector gq (the fragment row), times scale * log2(e), split hi / lo: k-step ks
     // holds columns 16 ks + 2 tq + {0, 1} (a0) and + 8 + {0, 1} (a2). Identical for the four warps:
-    // written once to shared memory by warp 0 (registers are the scarce resource here).
+    // written once to shared memory by warp 0 (registers are the scarce resource here). Warp 0 issues
+    // the loads of q, then its share of the prologue's copies, and only then waits for q to build the
+    // fragments: when q was converted first, warp 0's copies of the first two tiles went out ~6 us after
+    // the other warps' at B = 1 (a per-block timeline, H200), and every block's first tile waited for them.
+    float qx[KS * 4];
     if (warp == 0) {
         const int qv = it.qb * NQB + gq;
         const bool ok = gq < NQB && qv < nqv;
-        const int i = ok ? qv / G : 0, h = it.g * G + (ok ? qv % G : 0);
-        const std::int64_t base = (it.q_row0 + i) * a.q_s0 + h * a.q_s1;
-        auto qx = [&](int c) { return ok && c < d ? a.scale_log2 * load_any(a.q, a.q_type, base + c * a.q_s2) : 0.0f; };
-        for (int ks = 0; ks < KS; ++ks) {
-            uint4 f;
-            split_bf16x2(qx(16 * ks + 2 * tq), qx(16 * ks + 2 * tq + 1), f.x, f.z);
-            split_bf16x2(qx(16 * ks + 8 + 2 * tq), qx(16 * ks + 8 + 2 * tq + 1), f.y, f.w);
-            qfrag[ks * 32 + lane] = f;
-        }
+        const std::int64_t base = ok ? (it.q_row0 + qv / G) * a.q_s0 + (it.g * G + qv % G) * a.q_s1 : 0;
+        load_values(a.q, a.q_type, qx, [&](int x) -> std::int64_t {
+            const int c = 16 * (x / 4) + 8 * ((x / 2) & 1) + 2 * tq + (x & 1);
+            return ok && c < d ? base + c * a.q_s2 : -1;
+        });
     }
-    // (The first barrier of the tile loop orders these writes before their reads.)
-
     RowPipeline<TC, R, NSL, RPT> rows{cache, it, list, slot, cnt, ntiles, a.page_shift, {}, {}, {}};
     auto issue = [&](int tile) {
         const int st = tile % ST;
@@ -158,6 +156,17 @@ __global__ void __launch_bounds__(kDecodeThreads, (D == 128 && ST_ == 3) ? 2 : 3
         issue(s);
         rows.advance(s + 2);
     }
+    if (warp == 0) {
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks) {
+            uint4 f;
+            const float* x = qx + 4 * ks;
+            split_bf16x2(a.scale_log2 * x[0], a.scale_log2 * x[1], f.x, f.z);
+            split_bf16x2(a.scale_log2 * x[2], a.scale_log2 * x[3], f.y, f.w);
+            qfrag[ks * 32 + lane] = f;
+        }
+    }
+    // (The first barrier of the tile loop orders these writes before their reads.)
 
     float o[D / 8][4];
 #pragma unroll
