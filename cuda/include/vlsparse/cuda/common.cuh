@@ -9,6 +9,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <span>
 #include <utility>
 #include <vector>
@@ -113,16 +115,32 @@ __device__ __forceinline__ void dependent_entry() {
 // True when `kernel` may be launched as a programmatic dependent launch: the current device takes them
 // (compute capability 9.0+) and the kernel's code was compiled for sm_90 or later, so that its
 // dependent_entry() holds the wait (code JIT-compiled from an older PTX target has none: launched
-// dependent, it could read what the kernel before it is still writing).
+// dependent, it could read what the kernel before it is still writing). The answer is kept per
+// (device, kernel) after the first query, so a launch costs one cudaGetDevice instead of three runtime
+// queries; the kernel's address is the key (each translation unit holds its own copy of a template
+// kernel, with its own address and possibly its own binary).
 template <class Kernel>
 bool dependent_launch_supported(Kernel* kernel, const char* fn) {
-    int dev = 0, major = 0;
+    int dev = 0;
     check_cuda(cudaGetDevice(&dev), fn, "cudaGetDevice");
+    static std::mutex mu;
+    static std::map<std::pair<int, const void*>, bool> known;
+    const std::pair<int, const void*> key{dev, reinterpret_cast<const void*>(kernel)};
+    {
+        const std::lock_guard<std::mutex> lock(mu);
+        if (const auto it = known.find(key); it != known.end()) return it->second;
+    }
+    int major = 0;
     check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), fn, "cudaDeviceGetAttribute");
-    if (major < 9) return false;
-    cudaFuncAttributes fa{};
-    check_cuda(cudaFuncGetAttributes(&fa, kernel), fn, "cudaFuncGetAttributes");
-    return fa.ptxVersion >= 90 && fa.binaryVersion >= 90;
+    bool ok = false;
+    if (major >= 9) {
+        cudaFuncAttributes fa{};
+        check_cuda(cudaFuncGetAttributes(&fa, kernel), fn, "cudaFuncGetAttributes");
+        ok = fa.ptxVersion >= 90 && fa.binaryVersion >= 90;
+    }
+    const std::lock_guard<std::mutex> lock(mu);
+    known.emplace(key, ok);
+    return ok;
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent launch where the device
