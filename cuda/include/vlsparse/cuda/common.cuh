@@ -116,9 +116,9 @@ __device__ __forceinline__ void dependent_entry() {
 // (compute capability 9.0+) and the kernel's code was compiled for sm_90 or later, so that its
 // dependent_entry() holds the wait (code JIT-compiled from an older PTX target has none: launched
 // dependent, it could read what the kernel before it is still writing). The answer is kept per
-// (device, kernel) after the first query, so a launch costs one cudaGetDevice instead of three runtime
-// queries; the kernel's address is the key (each translation unit holds its own copy of a template
-// kernel, with its own address and possibly its own binary).
+// (device, kernel address) after the first query -- the address is what cudaFuncGetAttributes itself
+// is asked with, so the cache answers as the query would -- and a launch costs one cudaGetDevice
+// instead of three runtime queries.
 template <class Kernel>
 bool dependent_launch_supported(Kernel* kernel, const char* fn) {
     int dev = 0;
