@@ -180,6 +180,7 @@ struct RowPipeline {
     const std::int32_t* list;  // the unit's list (null: dense)
     int slot, cnt, ntiles, page_shift;
     std::int32_t row2[RPT], row1[RPT], page1[RPT];  // rows of the tile after next; rows + pages of the next
+    std::int64_t base;  // the (sequence, KV head) part of every offset, set by start(): one multiply per row left
 
     __device__ __forceinline__ std::int32_t row_of(int t) const {
         return list ? __ldg(list + it.begin + t) : it.begin + t;
@@ -204,6 +205,8 @@ struct RowPipeline {
     }
     // Fill the pipeline: tile 0's rows and pages, tile 1's rows.
     __device__ __forceinline__ void start() {
+        base = (cache.block_table ? 0 : static_cast<std::int64_t>(it.b) * cache.page_stride) +
+               static_cast<std::int64_t>(it.g) * cache.head_stride;
         fetch_rows(0, row1);
         fetch_pages();
         fetch_rows(1, row2);
@@ -220,10 +223,9 @@ struct RowPipeline {
         const std::int32_t r = row1[k];
         if (cache.block_table) {
             const std::int64_t in_page = page_shift >= 0 ? (r & (cache.page_size - 1)) : r % cache.page_size;
-            return page1[k] * cache.page_stride + in_page * cache.row_stride + it.g * cache.head_stride;
+            return page1[k] * cache.page_stride + in_page * cache.row_stride + base;
         }
-        return static_cast<std::int64_t>(it.b) * cache.page_stride + static_cast<std::int64_t>(r) * cache.row_stride +
-               it.g * cache.head_stride;
+        return static_cast<std::int64_t>(r) * cache.row_stride + base;
     }
 };
 
@@ -411,7 +413,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
             }
     }
 
-    RowPipeline<TC, R, NS, RPT> rows{cache, it, list, slot, cnt, ntiles, a.page_shift, {}, {}, {}};
+    RowPipeline<TC, R, NS, RPT> rows{cache, it, list, slot, cnt, ntiles, a.page_shift, {}, {}, {}, 0};
     // Copies of tile `tile` from the rows and pages in row1 / page1.
     auto issue = [&](int tile) {
         const int st = tile % kDecodeStages;

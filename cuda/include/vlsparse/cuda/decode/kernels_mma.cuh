@@ -37,13 +37,17 @@ __device__ __forceinline__ void ldsm_x4_t(unsigned& r0, unsigned& r1, unsigned& 
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                  : "r"(s));
 }
-// c += A B for one m16n8k16 tile; the A rows 8..15 (a1, a3) are zero here: at most 8 query vectors.
-__device__ __forceinline__ void mma_bf16(float (&c)[4], unsigned a0, unsigned a2, unsigned b0, unsigned b1) {
+// c += A B for one m16n8k16 tile. The A rows 8..15 (a.y, a.w) are zero here: at most 8 query vectors.
+// A is passed as one 4-register quad that the caller keeps whole (q's fragments are stored with their
+// zero halves, P's quads are built once per tile): with a0 and a2 passed alone and constant zeros for
+// a1 and a3, ptxas assembled a fresh quad for every mma -- ~6 register moves per mma, 185 of a warp's
+// ~970 instructions per tile (ncu, B = 1, n = 16K).
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint4& a, unsigned b0, unsigned b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
 }
 // Two floats as bf16x2 (x0 in the low half), rounded to nearest even.
 __device__ __forceinline__ unsigned pack_bf16x2(float x0, float x1) {
@@ -80,7 +84,7 @@ template <int D, int NQB, int ST = MmaShape<D>::STAGES>
 constexpr std::size_t decode_mma_smem_bytes() {
     using S = MmaShape<D>;
     return static_cast<std::size_t>(ST) * S::TILE + static_cast<std::size_t>(ST) * S::R * 4 +
-           static_cast<std::size_t>(S::KS) * 32 * 16 + (4 * 8 * 2 + 2 * NQB + 16) * sizeof(float);
+           static_cast<std::size_t>(S::KS) * 2 * 32 * 16 + (4 * 8 * 2 + 2 * NQB + 16) * sizeof(float);
 }
 
 // ST: stages of the ring (MmaShape<D>::STAGES, or 3 at d = 128 for 2 blocks per multiprocessor).
@@ -95,8 +99,8 @@ __global__ void __launch_bounds__(kDecodeThreads, (D == 128 && ST_ == 3) ? 2 : 3
     TC* kt = reinterpret_cast<TC*>(smem);                                   // [ST][R][D], swizzled
     TC* vt = kt + ST * R * D;                                               // [ST][R][D], swizzled
     std::int32_t* rowbuf = reinterpret_cast<std::int32_t*>(vt + ST * R * D);  // [ST][R]
-    uint4* qfrag = reinterpret_cast<uint4*>(rowbuf + ST * R);               // [KS][32 lanes]: hi a0, a2, lo a0, a2
-    float* wstat = reinterpret_cast<float*>(qfrag + KS * 32);               // [4 warps][8][2]
+    uint4* qfrag = reinterpret_cast<uint4*>(rowbuf + ST * R);               // [KS][hi, lo][32 lanes]: {a0, 0, a2, 0}
+    float* wstat = reinterpret_cast<float*>(qfrag + KS * 2 * 32);           // [4 warps][8][2]
     float* stat_s = wstat + 4 * 8 * 2;                                      // [NQB][2]
     int* last_flag = reinterpret_cast<int*>(stat_s + 2 * NQB);
 
@@ -128,16 +132,17 @@ __global__ void __launch_bounds__(kDecodeThreads, (D == 128 && ST_ == 3) ? 2 : 3
             return ok && c < d ? base + c * a.q_s2 : -1;
         });
     }
-    RowPipeline<TC, R, NSL, RPT> rows{cache, it, list, slot, cnt, ntiles, a.page_shift, {}, {}, {}};
-    auto issue = [&](int tile) {
-        const int st = tile % ST;
+    const bool causal = it.q_len > 1;
+    RowPipeline<TC, R, NSL, RPT> rows{cache, it, list, slot, cnt, ntiles, a.page_shift, {}, {}, {}, 0};
+    // Copies of tile `tile` into stage `st` (= tile % ST, kept by the caller: no division per tile).
+    auto issue = [&](int tile, int st) {
         if (tile < ntiles) {
 #pragma unroll
             for (int k = 0; k < RPT; ++k) {
                 const int r = slot + k * NSL;
                 const std::int32_t row = rows.row1[k];
                 const bool valid = row >= 0;
-                if (j == 0) rowbuf[st * R + r] = row;
+                if (causal && j == 0) rowbuf[st * R + r] = row;  // read only by the causal mask
                 const std::int64_t off = valid ? rows.offset(k) : 0;
 #pragma unroll
                 for (int w = 0; w < CPL; ++w) {
@@ -153,17 +158,19 @@ __global__ void __launch_bounds__(kDecodeThreads, (D == 128 && ST_ == 3) ? 2 : 3
     rows.start();
 #pragma unroll
     for (int s = 0; s < ST - 1; ++s) {
-        issue(s);
+        issue(s, s);
         rows.advance(s + 2);
     }
     if (warp == 0) {
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks) {
-            uint4 f;
+            uint4 hi, lo;
             const float* x = qx + 4 * ks;
-            split_bf16x2(a.scale_log2 * x[0], a.scale_log2 * x[1], f.x, f.z);
-            split_bf16x2(a.scale_log2 * x[2], a.scale_log2 * x[3], f.y, f.w);
-            qfrag[ks * 32 + lane] = f;
+            split_bf16x2(a.scale_log2 * x[0], a.scale_log2 * x[1], hi.x, lo.x);
+            split_bf16x2(a.scale_log2 * x[2], a.scale_log2 * x[3], hi.z, lo.z);
+            hi.y = hi.w = lo.y = lo.w = 0u;
+            qfrag[(2 * ks) * 32 + lane] = hi;
+            qfrag[(2 * ks + 1) * 32 + lane] = lo;
         }
     }
     // (The first barrier of the tile loop orders these writes before their reads.)
@@ -174,15 +181,15 @@ __global__ void __launch_bounds__(kDecodeThreads, (D == 128 && ST_ == 3) ? 2 : 3
     float m_run = ninf, l_run = 0.0f;  // this thread's share of its query vector's running max / sum
     const int qv_mine = it.qb * NQB + gq;
     const int limit = it.seq_len - it.q_len + (qv_mine < nqv ? qv_mine / G : 0);
-    const bool causal = it.q_len > 1;
+    const bool logits_mine = a.logits && gq < NQB && qv_mine < nqv;
     const int r0 = 16 * warp;  // this warp's rows of every tile
 
-    for (int tile = 0; tile < ntiles; ++tile) {
+    int st = 0, st_next = ST - 1;  // stage of this tile, stage of the tile issued in this iteration
+    for (int tile = 0; tile < ntiles; ++tile, st = st == ST - 1 ? 0 : st + 1, st_next = st_next == ST - 1 ? 0 : st_next + 1) {
         copy_wait<ST - 2>();
         __syncthreads();
-        issue(tile + ST - 1);
+        issue(tile + ST - 1, st_next);
         rows.advance(tile + ST + 1);
-        const int st = tile % ST;
         const TC* kts = kt + st * R * D;
         const TC* vts = vt + st * R * D;
         const int tcnt = min(R, cnt - tile * R);
@@ -196,28 +203,36 @@ __global__ void __launch_bounds__(kDecodeThreads, (D == 128 && ST_ == 3) ? 2 : 3
             for (int ng = 0; ng < 2; ++ng) {
                 unsigned b0, b1, b2, b3;
                 ldsm_x4(b0, b1, b2, b3, kts + S::swz(r0 + 8 * ng + (lane & 7), 2 * ks + (lane >> 3)));
-                const uint4 f0 = qfrag[ks * 32 + lane], f1 = qfrag[(ks + 1) * 32 + lane];
-                mma_bf16(s[ng], f0.x, f0.y, b0, b1);
-                mma_bf16(s[ng], f0.z, f0.w, b0, b1);
-                mma_bf16(s[ng], f1.x, f1.y, b2, b3);
-                mma_bf16(s[ng], f1.z, f1.w, b2, b3);
+                const uint4 h0 = qfrag[(2 * ks) * 32 + lane], l0 = qfrag[(2 * ks + 1) * 32 + lane];
+                const uint4 h1 = qfrag[(2 * ks + 2) * 32 + lane], l1 = qfrag[(2 * ks + 3) * 32 + lane];
+                mma_bf16(s[ng], h0, b0, b1);
+                mma_bf16(s[ng], l0, b0, b1);
+                mma_bf16(s[ng], h1, b2, b3);
+                mma_bf16(s[ng], l1, b2, b3);
             }
-        // This thread's four scores: query gq, rows r0 + 8 ng + 2 tq + e.
+        // This thread's four scores: query gq, rows r0 + 8 ng + 2 tq + e. The masks and the logits
+        // output are each one uniform branch around the four (not one per element).
         float x[4];
 #pragma unroll
         for (int ng = 0; ng < 2; ++ng)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int r = r0 + 8 * ng + 2 * tq + e;
-                bool ok = r < tcnt;
-                if (ok && causal) ok = rowbuf[st * R + r] <= limit;
-                x[2 * ng + e] = ok ? s[ng][e] : ninf;
-                if (a.logits && r < tcnt && gq < NQB && qv_mine < nqv) {
-                    const std::int64_t ei = it.list_base + it.begin + tile * R + r;
-                    const int hs = (a.lists_per_seq == 1 ? it.g * nqv : 0) + qv_mine;
-                    a.logits[ei * a.logit_stride + hs] = x[2 * ng + e];
-                }
+            for (int e = 0; e < 2; ++e) x[2 * ng + e] = r0 + 8 * ng + 2 * tq + e < tcnt ? s[ng][e] : ninf;
+        if (causal) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = r0 + 8 * (e >> 1) + 2 * tq + (e & 1);
+                if (r < tcnt && rowbuf[st * R + r] > limit) x[e] = ninf;
             }
+        }
+        if (logits_mine) {
+            const std::int64_t e0 = it.list_base + it.begin + static_cast<std::int64_t>(tile) * R;
+            const int hs = (a.lists_per_seq == 1 ? it.g * nqv : 0) + qv_mine;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = r0 + 8 * (e >> 1) + 2 * tq + (e & 1);
+                if (r < tcnt) a.logits[(e0 + r) * a.logit_stride + hs] = x[e];
+            }
+        }
         // Online softmax of the query vector across the 4 threads of its fragment row.
         float mt = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
         mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
@@ -235,17 +250,18 @@ __global__ void __launch_bounds__(kDecodeThreads, (D == 128 && ST_ == 3) ? 2 : 3
             o[n][1] *= al;
         }
         // O += P V: P (query gq, rows 2 tq + {0, 1} and + 8) as the A operand, split hi / lo.
-        unsigned ph0, pl0, ph2, pl2;
-        split_bf16x2(p[0], p[1], ph0, pl0);
-        split_bf16x2(p[2], p[3], ph2, pl2);
+        uint4 ph, pl;  // {a0, 0, a2, 0}, built once for the tile's 2 D / 8 products
+        split_bf16x2(p[0], p[1], ph.x, pl.x);
+        split_bf16x2(p[2], p[3], ph.z, pl.z);
+        ph.y = ph.w = pl.y = pl.w = 0u;
 #pragma unroll
         for (int n = 0; n < D / 8; n += 2) {
             unsigned b0, b1, b2, b3;
             ldsm_x4_t(b0, b1, b2, b3, vts + S::swz(r0 + (lane & 7) + 8 * ((lane >> 3) & 1), n + (lane >> 4)));
-            mma_bf16(o[n], ph0, ph2, b0, b1);
-            mma_bf16(o[n], pl0, pl2, b0, b1);
-            mma_bf16(o[n + 1], ph0, ph2, b2, b3);
-            mma_bf16(o[n + 1], pl0, pl2, b2, b3);
+            mma_bf16(o[n], ph, b0, b1);
+            mma_bf16(o[n], pl, b0, b1);
+            mma_bf16(o[n + 1], ph, b2, b3);
+            mma_bf16(o[n + 1], pl, b2, b3);
         }
     }
     copy_wait<0>();
