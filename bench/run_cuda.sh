@@ -15,6 +15,9 @@
 #   memcheck compute-sanitizer memcheck on the CUDA test executable, only when SANITIZER_FILTER is
 #            set (a Catch2 test spec, e.g. '[decode]' or a test name)   -> OUTDIR/memcheck.log
 #   bench    build-gpu/bench/cuda_decode_bench                          -> OUTDIR/vlsparse.csv
+#   stream   build-gpu/bench/cuda_stream_bench: the memory ceilings of B = 1 decode (bare streaming
+#            and list gathers with the decode kernel's grid), only when named in STEPS
+#                                                                       -> OUTDIR/stream.log, stream.csv
 #   torch    bench/torch_decode_bench.py (bf16 on the full grid; fp16 and fp32 on cuda_decode_bench's
 #            smaller grids)                                             -> OUTDIR/torch.csv
 #   report   bench/cuda_decode_report.py on the two CSV files           -> OUTDIR/report.md
@@ -32,7 +35,7 @@
 #            SIM_SCENARIO (default sim/scenarios/gpu_28x28_32k.json: 28 layers x 28 heads, 32K tokens,
 #            every policy, 64 decode steps) on the GPU, timed           -> OUTDIR/sim.log, sim-*.json
 # (the output of bench, torch and report -> OUTDIR/bench.log), then a short summary on stdout, also
-# appended to OUTDIR/device.txt; the exit status is 1 when any step failed. At most 11 files.
+# appended to OUTDIR/device.txt; the exit status is 1 when any step failed. At most 13 files.
 #
 # Environment: STEPS (default "device build test memcheck bench torch report selbench seltorch
 # selreport": a subset runs only
@@ -163,6 +166,14 @@ if want bench; then
     step bench "$out/bench.log" "$bdir/bench/cuda_decode_bench" --out "$out/vlsparse.csv" ${BENCH_ARGS:-}
   else
     skip bench "no benchmark executable"
+  fi
+fi
+
+if want stream; then
+  if [ -x "$bdir/bench/cuda_stream_bench" ]; then
+    step stream "$out/stream.log" "$bdir/bench/cuda_stream_bench" --out "$out/stream.csv"
+  else
+    skip stream "no benchmark executable"
   fi
 fi
 
