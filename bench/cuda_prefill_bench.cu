@@ -17,6 +17,7 @@
 //                          (the last kept), unselected rows zero
 //   zipvl_e2e50            ZipVL's selection on the GPU (fixed ratio 0.5, 64 + 64 probes) followed by the
 //                          token-sparse prefill over its lists: what a ZipVL layer costs
+//   zipvl_select50         its selection alone; zipvl_selprefill50: its prefill alone, over the kept lists
 // The PyTorch side (SDPA cuDNN / flash dense causal, FlexAttention with the same masks, gather + SDPA) is
 // bench/torch_prefill_bench.py, reading the mask descriptions this program writes (--masks DIR: one
 // JSON file per mask case and n, with the exact allowed-pair count it checks its own mask against);
@@ -273,6 +274,28 @@ int main(int argc, char** argv) {
             });
             row("vlsparse", "zipvl_e2e50", us, H * kept * (kept + 1) / 2,
                 "selection (fixed ratio 0.5; probes 64+64) + token-sparse prefill; kept " + std::to_string(kept));
+        }
+        // The two halves of zipvl_e2e50 timed apart: the selection alone (its one synchronization
+        // included), and the token-sparse prefill over the lists that selection kept (made once, untimed).
+        if (want("zipvl_select50") || want("zipvl_selprefill50")) {
+            cuda::ZipVLSelector sel;
+            ZipVLParams P;
+            P.ratio = ZipVLRatio::fixed;
+            P.fixed_ratio = 0.5;
+            const Layout layout = Layout::parse("image:" + std::to_string(n));
+            const auto& s0 = sel.select(qv, kv, layout, 1, P);
+            const std::int64_t kept = s0.indptr.back();
+            const std::int64_t pairs = H * kept * (kept + 1) / 2;
+            if (want("zipvl_selprefill50")) {
+                const cuda::DeviceTokenLists lists{n, s0.indptr, s0.indptr_dev, s0.indices};
+                const double us = timed([&] { cuda::sparse_prefill_attention(qv, kv, vv, lists, ov, UnselectedRows::zero, opt); });
+                row("vlsparse", "zipvl_selprefill50", us, pairs,
+                    "token-sparse prefill over ZipVL's kept lists (selection untimed); kept " + std::to_string(kept));
+            }
+            if (want("zipvl_select50")) {
+                const double us = timed([&] { (void)sel.select(qv, kv, layout, 1, P); });
+                row("vlsparse", "zipvl_select50", us, pairs, "ZipVL's selection alone (fixed ratio 0.5; probes 64+64)");
+            }
         }
     }
     if (out != stdout) std::fclose(out);
