@@ -294,6 +294,75 @@ __device__ __forceinline__ void decode_finish(const DecodeArgs<TC>& a, const Dec
     __syncthreads();
     if (!*last_flag) return;
     __threadfence();
+    const float* p0 = a.part + static_cast<std::int64_t>(it.first_item) * PS;
+    const int nch = it.n_items;
+    // Where vector v's (max, sum) go when the caller asked for them.
+    auto write_stats = [&](int v, float M, float Ls) {
+        const int qv = it.qb * NQB + v;
+        const std::int64_t qi = (static_cast<std::int64_t>(it.q_row0) + qv / G) * a.n_heads + it.g * G + qv % G;
+        a.stats[2 * qi] = M;
+        a.stats[2 * qi + 1] = Ls;
+    };
+    if constexpr (D == 128) {
+        // One warp per vector, a float4 of its 128 columns per lane. Per batch of up to 32 chunks the
+        // warp issues every load at once -- the lanes' 32 float4 of output and, in lane u, chunk u's
+        // (max, sum) -- so the batch costs one L2 round trip; the common max is a warp reduction, the
+        // weights 2^(m_u - M) one exponential per lane, handed to the others by shuffles. (The
+        // per-thread merge below read each header in every thread and took two round trips for 32
+        // chunks: 3-4 us of a B = 1 step, traced on an H100.)
+        const int lane = tid & 31;
+        for (int v = tid >> 5; v < nv; v += kDecodeThreads / 32) {
+            float M = ninf, Ls = 0.0f;
+            float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (int ch = 0; ch < nch; ch += 32) {
+                const int nb = min(32, nch - ch);
+                float4 xx[32];
+                if (nb == 32) {
+#pragma unroll
+                    for (int u = 0; u < 32; ++u)
+                        xx[u] = __ldcg(reinterpret_cast<const float4*>(p0 + static_cast<std::int64_t>(ch + u) * PS + 16 + v * D) + lane);
+                } else {
+#pragma unroll
+                    for (int u = 0; u < 32; ++u)
+                        xx[u] = u < nb ? __ldcg(reinterpret_cast<const float4*>(p0 + static_cast<std::int64_t>(ch + u) * PS + 16 + v * D) + lane)
+                                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                }
+                const float* hc = p0 + static_cast<std::int64_t>(ch + lane) * PS;
+                const float mu = lane < nb ? __ldcg(hc + v) : ninf;
+                const float lu = lane < nb ? __ldcg(hc + NQB + v) : 0.0f;
+                const float Mn = fmaxf(M, warp_max(mu));  // a chunk that saw no row of v has m = -inf
+                const float sc = M == ninf ? 0.0f : exp2f(M - Mn);
+                M = Mn;
+                const float wu = mu == ninf ? 0.0f : exp2f(mu - M);
+                Ls = fmaf(Ls, sc, warp_sum(wu * lu));
+                o.x *= sc;
+                o.y *= sc;
+                o.z *= sc;
+                o.w *= sc;
+#pragma unroll
+                for (int u = 0; u < 32; ++u) {
+                    const float w = __shfl_sync(0xffffffffu, wu, u);
+                    o.x = fmaf(w, xx[u].x, o.x);
+                    o.y = fmaf(w, xx[u].y, o.y);
+                    o.z = fmaf(w, xx[u].z, o.z);
+                    o.w = fmaf(w, xx[u].w, o.w);
+                }
+            }
+            if (a.stats && lane == 0) write_stats(v, M, Ls);
+            const float inv = 1.0f / Ls;
+            const float ov[4] = {o.x * inv, o.y * inv, o.z * inv, o.w * inv};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int c = lane * 4 + e;
+                if (c < d) {
+                    if (a.status && !isfinite(ov[e])) atomicOr(a.status, kStatusNonFinite);
+                    store_any(a.out, a.o_type, out_index(v, c), ov[e]);
+                }
+            }
+        }
+        if (tid == 0) a.counters[it.unit] = 0;  // ready for the next launch
+        return;
+    }
     // The merge: every chunk's partial of this unit, rescaled to a common max. Each thread takes four
     // columns of one vector and reads the chunks in batches of kMergeBatch whose loads are issued
     // together (no predicate: the last partial batch takes the one-at-a-time loop), with the running
@@ -301,8 +370,6 @@ __device__ __forceinline__ void decode_finish(const DecodeArgs<TC>& a, const Dec
     // (a max pass then a sum pass took twice as many: 1 us more at B = 1, n = 16K; batches of 16 rather
     // than 8: 1-2 us less at B = 1, where a unit has 32 chunks; the registers are free by then).
     constexpr int kMergeBatch = 16;
-    const float* p0 = a.part + static_cast<std::int64_t>(it.first_item) * PS;
-    const int nch = it.n_items;
     for (int idx = tid; idx < nv * (D / 4); idx += kDecodeThreads) {
         const int v = idx / (D / 4), c4 = idx % (D / 4);
         float M = ninf, Ls = 0.0f;
@@ -351,12 +418,7 @@ __device__ __forceinline__ void decode_finish(const DecodeArgs<TC>& a, const Dec
             raise(fmaxf(M, m));
             add(m, l, x);
         }
-        if (a.stats && c4 == 0) {
-            const int qv = it.qb * NQB + v;
-            const std::int64_t qi = (static_cast<std::int64_t>(it.q_row0) + qv / G) * a.n_heads + it.g * G + qv % G;
-            a.stats[2 * qi] = M;
-            a.stats[2 * qi + 1] = Ls;
-        }
+        if (a.stats && c4 == 0) write_stats(v, M, Ls);
         const float inv = 1.0f / Ls;
         const float ov[4] = {o.x * inv, o.y * inv, o.z * inv, o.w * inv};
 #pragma unroll
