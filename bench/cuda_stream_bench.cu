@@ -88,6 +88,16 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
 
 enum class Method { stream_cp_async, stream_bulk, stream_loads };
 
+// Reads every byte of a landed stage once (what a decode block's arithmetic would read), into acc.
+__device__ __forceinline__ void consume_stage(const unsigned char* stage, int tid, unsigned& acc) {
+    const uint4* p = reinterpret_cast<const uint4*>(stage);
+#pragma unroll
+    for (int i = 0; i < 2 * kTile / 16 / kThreads; ++i) {
+        const uint4 x = p[i * kThreads + tid];
+        acc ^= x.x ^ x.w;
+    }
+}
+
 // Block b streams tiles [b * tpb, (b + 1) * tpb) of K and V. `sink` keeps the reads alive.
 template <Method M>
 __global__ void __launch_bounds__(kThreads) stream_kernel(const char* K, const char* V, int tpb, unsigned* sink) {
@@ -145,12 +155,7 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const char* K, const c
             else mbar_wait(full + t % kStages, (t / kStages) & 1);
             __syncthreads();
             issue(t + kStages - 1);
-            const uint4* p = reinterpret_cast<const uint4*>(sm + (t % kStages) * 2 * kTile);
-#pragma unroll
-            for (int i = 0; i < 2 * kTile / 16 / kThreads; ++i) {
-                const uint4 x = p[i * kThreads + tid];
-                acc ^= x.x ^ x.w;
-            }
+            consume_stage(sm + (t % kStages) * 2 * kTile, tid, acc);
         }
     }
     if (acc == 0x9e3779b9u) *sink = acc;
@@ -186,22 +191,7 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(const char* K, const c
         wait_groups<kStages - 2>();
         __syncthreads();
         issue(t + kStages - 1);
-        const uint4* p = reinterpret_cast<const uint4*>(sm + (t % kStages) * 2 * kTile);
-#pragma unroll
-        for (int i = 0; i < 2 * kTile / 16 / kThreads; ++i) {
-            const uint4 x = p[i * kThreads + tid];
-            acc ^= x.x ^ x.w;
-        }
-    }
-    if (acc == 0x9e3779b9u) *sink = acc;
-}
-
-__global__ void read_flush(const uint4* p, std::size_t n, unsigned* sink) {
-    unsigned acc = 0;
-    for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-         i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-        const uint4 x = __ldcs(p + i);
-        acc ^= x.x ^ x.y ^ x.z ^ x.w;
+        consume_stage(sm + (t % kStages) * 2 * kTile, tid, acc);
     }
     if (acc == 0x9e3779b9u) *sink = acc;
 }
@@ -224,7 +214,7 @@ struct Bench {
     double median_us(F&& launch) {
         std::vector<float> t;
         for (int r = 0; r < reps + 3; ++r) {
-            read_flush<<<1056, 512>>>(static_cast<const uint4*>(flush), kFlush / 16, sink);
+            vlsparse::bench::bench_read_flush<><<<1056, 512>>>(static_cast<const uint4*>(flush), kFlush / 16, sink);
             ck(cudaEventRecord(a), "cudaEventRecord");
             launch();
             ck(cudaEventRecord(b), "cudaEventRecord");

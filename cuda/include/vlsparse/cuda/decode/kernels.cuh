@@ -317,6 +317,19 @@ __device__ __forceinline__ void decode_finish(const DecodeArgs<TC>& a, const Dec
         a.stats[2 * qi] = M;
         a.stats[2 * qi + 1] = Ls;
     };
+    // Vector v's merged columns 4 c4 .. 4 c4 + 3, o / Ls, into the output (the status word on a non-finite value).
+    auto write_out = [&](int v, int c4, const float4& o, float Ls) {
+        const float inv = 1.0f / Ls;
+        const float ov[4] = {o.x * inv, o.y * inv, o.z * inv, o.w * inv};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int c = c4 * 4 + e;
+            if (c < d) {
+                if (a.status && !isfinite(ov[e])) atomicOr(a.status, kStatusNonFinite);
+                store_any(a.out, a.o_type, out_index(v, c), ov[e]);
+            }
+        }
+    };
     if constexpr (D == 128) {
         // One warp per vector, a float4 of its 128 columns per lane. Per batch of up to 32 chunks the
         // warp issues every load at once -- the lanes' 32 float4 of output and, in lane u, chunk u's
@@ -363,16 +376,7 @@ __device__ __forceinline__ void decode_finish(const DecodeArgs<TC>& a, const Dec
                 }
             }
             if (a.stats && lane == 0) write_stats(v, M, Ls);
-            const float inv = 1.0f / Ls;
-            const float ov[4] = {o.x * inv, o.y * inv, o.z * inv, o.w * inv};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int c = lane * 4 + e;
-                if (c < d) {
-                    if (a.status && !isfinite(ov[e])) atomicOr(a.status, kStatusNonFinite);
-                    store_any(a.out, a.o_type, out_index(v, c), ov[e]);
-                }
-            }
+            write_out(v, lane, o, Ls);
         }
         if (tid == 0) a.counters[it.unit] = 0;  // ready for the next launch
         return;
@@ -433,16 +437,7 @@ __device__ __forceinline__ void decode_finish(const DecodeArgs<TC>& a, const Dec
             add(m, l, x);
         }
         if (a.stats && c4 == 0) write_stats(v, M, Ls);
-        const float inv = 1.0f / Ls;
-        const float ov[4] = {o.x * inv, o.y * inv, o.z * inv, o.w * inv};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int c = c4 * 4 + e;
-            if (c < d) {
-                if (a.status && !isfinite(ov[e])) atomicOr(a.status, kStatusNonFinite);
-                store_any(a.out, a.o_type, out_index(v, c), ov[e]);
-            }
-        }
+        write_out(v, c4, o, Ls);
     }
     if (tid == 0) a.counters[it.unit] = 0;  // ready for the next launch
 }
