@@ -47,7 +47,7 @@
 # default 1200), SELECT_BENCH_ARGS (cuda_select_bench, e.g. "--quick"), SELECT_TORCH_ARGS
 # (torch_select_bench.py, e.g. "--n 8192,16384"), PREFILL_BENCH_ARGS (cuda_prefill_bench, e.g.
 # "--quick"), PREFILL_TORCH_ARGS (torch_prefill_bench.py, e.g. "--n 8192,16384"), PYTHON (python3).
-# The prefill steps and sim run only when named in STEPS (bench/run_gpu.sh names every step).
+# The prefill steps, stream and sim run only when named in STEPS (bench/run_gpu.sh names every step).
 set -uo pipefail
 if [ $# -ne 1 ]; then
   echo "usage: bash bench/run_cuda.sh OUTDIR" >&2
