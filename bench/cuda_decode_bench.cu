@@ -278,7 +278,8 @@ std::vector<long long> parse_ll(const char* s) {
 int main(int argc, char** argv) {
     std::string out;
     int reps = 31;
-    bool quick = false, other_dtypes = true, shapes = true;
+    bool quick = false, shapes = true;
+    std::string dtypes = "bf16,fp16,fp32";
     std::vector<long long> ns{4096, 16384, 65536, 131072}, bs{1, 8, 32};
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
@@ -287,7 +288,8 @@ int main(int argc, char** argv) {
         else if (a == "--n" && i + 1 < argc) ns = parse_ll(argv[++i]);
         else if (a == "--batch" && i + 1 < argc) bs = parse_ll(argv[++i]);
         else if (a == "--quick") quick = true;
-        else if (a == "--bf16-only") other_dtypes = false;
+        else if (a == "--bf16-only") dtypes = "bf16";
+        else if (a == "--dtypes" && i + 1 < argc) dtypes = argv[++i];
         else if (a == "--no-shapes") shapes = false;
         else if (a == "--flush" && i + 1 < argc) {
             const std::string f = argv[++i];
@@ -304,8 +306,8 @@ int main(int argc, char** argv) {
         }
         else {
             std::printf("usage: cuda_decode_bench [--out FILE.csv] [--reps 31] [--n 4096,16384,...] [--batch 1,8,32] "
-                        "[--quick] [--kernel automatic|cuda_cores|tensor_cores] [--flush read|write] [--bf16-only] "
-                        "[--no-shapes]\n");
+                        "[--quick] [--kernel automatic|cuda_cores|tensor_cores] [--flush read|write] [--dtypes bf16,fp16,fp32] "
+                        "[--bf16-only] [--no-shapes]\n");
             return a == "--help" ? 0 : 2;
         }
     }
@@ -325,11 +327,12 @@ int main(int argc, char** argv) {
         ns = {16384, 65536};
         batches = {1, 32};
     }
-    run_dtype<bfloat16>(batches, ns, {0.1, 0.3, 0.5}, reps, bw, tm, csv, rng, true);
-    if (!quick && other_dtypes) {
-        run_dtype<vlsparse::half>({1, 32}, {16384, 131072}, {0.3}, reps, bw, tm, csv, rng, false);
-        run_dtype<float>({1, 32}, {16384, 65536}, {0.3}, reps, bw, tm, csv, rng, false);
-    }
+    const auto wants = [&](const char* t) { return ("," + dtypes + ",").find("," + std::string(t) + ",") != std::string::npos; };
+    // bf16 on the whole grid with 10 / 30 / 50% lists and the paged layouts; fp16 (the same tensor-core
+    // kernel) on the whole grid at 30%; fp32 (the CUDA-core kernel) on a smaller one.
+    if (wants("bf16")) run_dtype<bfloat16>(batches, ns, {0.1, 0.3, 0.5}, reps, bw, tm, csv, rng, true);
+    if (!quick && wants("fp16")) run_dtype<vlsparse::half>(batches, ns, {0.3}, reps, bw, tm, csv, rng, false);
+    if (!quick && wants("fp32")) run_dtype<float>({1, 32}, {16384, 65536}, {0.3}, reps, bw, tm, csv, rng, false);
     // GQA ratios and head dims (bf16, B = 1, n = 32768, H_kv = 8), and q_len 4 (speculative decode).
     if (!shapes) return 0;
     for (int d : {64, 128, 256})

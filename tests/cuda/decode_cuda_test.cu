@@ -2,7 +2,8 @@
 // on identical inputs: fresh seeded caches of fp32 / fp16 / bf16, contiguous and paged (P = 1, 16, 64;
 // NHD and HND pages from a shuffled pool), dense and listed (shared and per KV head; lists of one row,
 // of every row, and of random subsets whose lengths are not multiples of the tile), ragged batches,
-// q_len 1..8 (causal among the new tokens), both kernels for bf16 (tensor cores and CUDA cores), GQA ratios 1..8 (3, 5, 6: padded query blocks), head dims
+// q_len 1..8 (causal among the new tokens), both kernels for bf16 and fp16 (tensor cores and CUDA
+// cores; fp16 also with q far beyond its range and near zero), GQA ratios 1..8 (3, 5, 6: padded query blocks), head dims
 // 40 / 64 / 96 / 128 / 256 (40, 96: padded tiles; 40 with fp16 also the element-by-element copy
 // path), strided q, fp32 / bf16 outputs, the probabilities output, and every error. Outputs are
 // poisoned (0xff bytes: NaN) before each launch, so an element the kernel does not write fails.
@@ -42,6 +43,7 @@ struct Case {
     double frac = 0.3;        // listed fraction (random subsets; the new tokens always listed)
     bool one_row = false;     // lists of a single row (the newest)
     bool strided_q = false;   // q stored [H, total_q, d]
+    double q_scale = 1.0;     // q drawn from [-2, 2) times this
     std::uint64_t seed = 1;
 };
 
@@ -98,7 +100,7 @@ HostBatch<TC> make_batch(const Case& c) {
     for (std::int64_t b = 0; b < c.B; ++b) h.q_indptr.push_back(h.q_indptr.back() + c.qlens[static_cast<std::size_t>(b)]);
     h.total_q = h.q_indptr.back();
     h.q.resize(static_cast<std::size_t>(h.total_q * H * d));
-    for (auto& x : h.q) x = static_cast<float>(rng.uniform() * 4 - 2);  // scores of a few units: peaked softmax
+    for (auto& x : h.q) x = static_cast<float>((rng.uniform() * 4 - 2) * c.q_scale);  // q_scale 1: scores of a few units
     if (c.lists != 0) {
         const std::int64_t per = c.lists == 1 ? 1 : Hkv;
         h.list_indptr.push_back(0);
@@ -247,9 +249,9 @@ void sweep_small(std::uint64_t seed) {
                     c.lists = lists;
                     c.seed = seed++ * 7919;
                     check_case<TC>(c);
-                    // bf16: the automatic choice is the tensor-core kernel where it applies; the CUDA-core
-                    // kernel is checked on the same case too.
-                    if constexpr (std::is_same_v<TC, bfloat16>) check_case<TC>(c, false, cuda::DecodeKernel::cuda_cores);
+                    // bf16 / fp16: the automatic choice is the tensor-core kernel where it applies; the
+                    // CUDA-core kernel is checked on the same case too.
+                    if constexpr (!std::is_same_v<TC, float>) check_case<TC>(c, false, cuda::DecodeKernel::cuda_cores);
                 }
 }
 
@@ -282,6 +284,7 @@ TEST_CASE("cuda decode: long caches split into chunks merged exactly; ragged bat
             c.seed = seed++;
             check_case<bfloat16>(c);
             check_case<bfloat16>(c, false, cuda::DecodeKernel::cuda_cores);
+            check_case<vlsparse::half>(c);
             check_case<float>(c);
         }
     // One long list of one KV head: a single unit cut into a couple of hundred chunks (more than the
@@ -299,6 +302,7 @@ TEST_CASE("cuda decode: long caches split into chunks merged exactly; ragged bat
         c.seed = seed++;
         check_case<bfloat16>(c);
         check_case<bfloat16>(c, false, cuda::DecodeKernel::cuda_cores);
+        check_case<vlsparse::half>(c);
     }
 }
 
@@ -319,6 +323,7 @@ TEST_CASE("cuda decode: q_len up to 8, causal among the new tokens", "[cuda][dec
                 c.seed = seed++;
                 check_case<bfloat16>(c);
                 check_case<bfloat16>(c, false, cuda::DecodeKernel::cuda_cores);
+                check_case<vlsparse::half>(c);
             }
 }
 
@@ -342,6 +347,31 @@ TEST_CASE("cuda decode: single-row lists, every GQA ratio 1..8, strided q, 16-bi
     }
 }
 
+TEST_CASE("cuda decode: fp16 caches on the tensor cores with q beyond fp16's range and q near zero", "[cuda][decode]") {
+    // The tensor-core kernel feeds q * scale to fp16 mma operands: without its power-of-two shift per
+    // query vector, q of 1e6 (fp32 q, times 1/sqrt(d) * log2(e)) would overflow to inf and q of 1e-6
+    // would lose its low half to fp16 subnormals. Both kernels, against the double reference.
+    std::uint64_t seed = base_seed() + 550000;
+    for (double qs : {1e6, 3e4, 1e-6})
+        for (std::int32_t d : {64, 128})
+            for (int lists : {0, 2}) {
+                Case c;
+                c.B = 2;
+                c.Hkv = 2;
+                c.G = 4;
+                c.d = d;
+                c.lens = {333, 2500};
+                c.qlens = {1, 1};
+                c.lists = lists;
+                c.q_scale = qs;
+                c.seed = seed++;
+                check_case<vlsparse::half>(c, false, cuda::DecodeKernel::tensor_cores);
+                check_case<vlsparse::half>(c, false, cuda::DecodeKernel::cuda_cores);
+                if (qs < 6e4)  // (fp16 q holds it)
+                    check_case<vlsparse::half, vlsparse::half, float>(c, false, cuda::DecodeKernel::tensor_cores);
+            }
+}
+
 TEST_CASE("cuda decode: the probabilities of the listed rows", "[cuda][decode]") {
     std::uint64_t seed = base_seed() + 600000;
     for (int lists : {1, 2})
@@ -358,6 +388,7 @@ TEST_CASE("cuda decode: the probabilities of the listed rows", "[cuda][decode]")
             c.seed = seed++;
             check_case<bfloat16>(c, true);
             check_case<bfloat16>(c, true, cuda::DecodeKernel::cuda_cores);
+            check_case<vlsparse::half>(c, true);
             check_case<float>(c, true);
         }
 }

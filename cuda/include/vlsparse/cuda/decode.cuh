@@ -14,7 +14,8 @@
 // arrays), splits the work into chunks sized from the list lengths and the GPU's multiprocessor
 // count, and uploads the work list (stream-ordered, from pinned memory); `batched_decode_attention`
 // launches one kernel (plus a small one for probabilities). One plan serves every layer of a step.
-// The kernel: decode/kernels.cuh. Device pointers throughout; fp32 accumulation; output in the
+// The kernels: decode/kernels_mma.cuh (tensor cores: bf16 and fp16 caches, head_dim <= 128) and
+// decode/kernels.cuh (CUDA cores: fp32 caches, head_dim 256, unaligned rows). Device pointers throughout; fp32 accumulation; output in the
 // output view's element type, rounded to nearest even.
 //
 // Checks: shapes, strides, lengths and indptr arrays on the host before anything is launched
@@ -36,6 +37,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "vlsparse/attention/common.hpp"
@@ -49,8 +51,8 @@
 
 namespace vlsparse::cuda {
 
-// Which kernel computes the step. automatic: the tensor-core kernel for bf16 caches with head_dim
-// <= 128 and 16-byte aligned rows, the CUDA-core kernel otherwise. The others force one (tests and
+// Which kernel computes the step. automatic: the tensor-core kernel for bf16 and fp16 caches with
+// head_dim <= 128 and 16-byte aligned rows, the CUDA-core kernel otherwise. The others force one (tests and
 // benchmarks compare them; tensor_cores on a case it cannot take is an error).
 enum class DecodeKernel : std::uint8_t { automatic, cuda_cores, tensor_cores };
 
@@ -79,7 +81,7 @@ public:
 
     // meta: the step's host metadata (lengths of every sequence, q_indptr, list indptr). With
     // with_probs, the plan also holds room for the probabilities of every listed row.
-    // cache_type: the element type of the cache the plan will serve, when known: a bf16 cache with
+    // cache_type: the element type of the cache the plan will serve, when known: a bf16 / fp16 cache with
     // 64 < head_dim <= 128 and one new token per sequence gets chunks sized for the tensor-core
     // kernel's 3-stage ring (2 blocks per multiprocessor; 1-6% faster at B = 1, docs/cuda.md); anything
     // else plans for 3 blocks per multiprocessor, which every kernel serves (the default: unknown).
@@ -109,7 +111,7 @@ public:
         qmax_ = qmax;
         // The tensor-core kernel's 3-stage ring, 2 blocks per multiprocessor: one new token per sequence
         // only (with q_len 4 at B = 8 it measured 12% slower than 2 stages at 3 blocks).
-        blocks_per_sm_ = cache_type == DType::bf16 && head_dim > 64 && head_dim <= 128 && qmax == 1 ? 2 : 3;
+        blocks_per_sm_ = (cache_type == DType::bf16 || cache_type == DType::f16) && head_dim > 64 && head_dim <= 128 && qmax == 1 ? 2 : 3;
         nqb_ = 1;
         while (nqb_ < std::min<std::int64_t>(G * qmax, detail::kMaxQueryBlock)) nqb_ *= 2;
         total_q_ = meta.total_q(B);
@@ -360,10 +362,10 @@ void launch_decode(const DecodeArgs<TC>& args, int n_items, cudaStream_t stream,
     check_launch(fn, "decode_kernel");
 }
 
-template <int D, int NQB, int ST = MmaShape<D>::STAGES>
-void launch_decode_mma(const DecodeArgs<bfloat16>& args, int n_items, cudaStream_t stream, const char* fn) {
+template <class TC, int D, int NQB, int ST = MmaShape<D>::STAGES>
+void launch_decode_mma(const DecodeArgs<TC>& args, int n_items, cudaStream_t stream, const char* fn) {
     constexpr std::size_t shm = decode_mma_smem_bytes<D, NQB, ST>();
-    auto* kernel = decode_mma_kernel<D, NQB, ST>;
+    auto* kernel = decode_mma_kernel<TC, D, NQB, ST>;
     const cudaError_t attr =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
     check_cuda(attr, fn, "cudaFuncSetAttribute");
@@ -371,13 +373,13 @@ void launch_decode_mma(const DecodeArgs<bfloat16>& args, int n_items, cudaStream
     check_launch(fn, "decode_mma_kernel");
 }
 
-template <int D, int ST = MmaShape<D>::STAGES>
-void launch_decode_mma_nqb(const DecodeArgs<bfloat16>& args, int nqb, int n_items, cudaStream_t stream, const char* fn) {
+template <int D, int ST = MmaShape<D>::STAGES, class TC>
+void launch_decode_mma_nqb(const DecodeArgs<TC>& args, int nqb, int n_items, cudaStream_t stream, const char* fn) {
     switch (nqb) {
-        case 1: launch_decode_mma<D, 1, ST>(args, n_items, stream, fn); break;
-        case 2: launch_decode_mma<D, 2, ST>(args, n_items, stream, fn); break;
-        case 4: launch_decode_mma<D, 4, ST>(args, n_items, stream, fn); break;
-        default: launch_decode_mma<D, 8, ST>(args, n_items, stream, fn); break;
+        case 1: launch_decode_mma<TC, D, 1, ST>(args, n_items, stream, fn); break;
+        case 2: launch_decode_mma<TC, D, 2, ST>(args, n_items, stream, fn); break;
+        case 4: launch_decode_mma<TC, D, 4, ST>(args, n_items, stream, fn); break;
+        default: launch_decode_mma<TC, D, 8, ST>(args, n_items, stream, fn); break;
     }
 }
 
@@ -500,12 +502,13 @@ void batched_decode_attention(const DecodePlan& plan, View3<const TQ> q, const K
     if (opt.check_finite) detail::check_cuda(cudaMemsetAsync(dv.status, 0, sizeof(int), stream), fn, "cudaMemsetAsync");
     const int n_items = static_cast<int>(plan.n_items());
     const int nqb = static_cast<int>(plan.query_block());
-    const bool mma_ok = std::is_same_v<TC, bfloat16> && a.vec16 && d <= 128;
+    constexpr bool mma_type = !std::is_same_v<std::remove_const_t<TC>, float>;
+    const bool mma_ok = mma_type && a.vec16 && d <= 128;
     require(opt.kernel != DecodeKernel::tensor_cores || mma_ok, fn,
-            "the tensor-core kernel takes bf16 caches with head_dim <= 128, a multiple of 8, and 16-byte aligned "
-            "rows; this call has none of that or not all");
+            "the tensor-core kernel takes bf16 / fp16 caches with head_dim <= 128, a multiple of 8, and 16-byte "
+            "aligned rows; this call has none of that or not all");
     if (mma_ok && opt.kernel != DecodeKernel::cuda_cores) {
-        if constexpr (std::is_same_v<TC, bfloat16>) {
+        if constexpr (mma_type) {
             if (d <= 64) detail::launch_decode_mma_nqb<64>(a, nqb, n_items, stream, fn);
             else if (plan.blocks_per_sm() == 2) detail::launch_decode_mma_nqb<128, 3>(a, nqb, n_items, stream, fn);
             else detail::launch_decode_mma_nqb<128>(a, nqb, n_items, stream, fn);

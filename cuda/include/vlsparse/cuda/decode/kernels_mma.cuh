@@ -1,8 +1,9 @@
-// vlsparse/cuda/decode/kernels_mma.cuh -- the tensor-core decode kernel for bf16 caches (head dims up
-// to 128). Internal to vlsparse/cuda/decode.cuh (namespace vlsparse::cuda::detail).
+// vlsparse/cuda/decode/kernels_mma.cuh -- the tensor-core decode kernel for bf16 and fp16 caches
+// (head dims up to 128). Internal to vlsparse/cuda/decode.cuh (namespace vlsparse::cuda::detail).
 //
 // The same work items, address pipeline and epilogue as decode_kernel (kernels.cuh); the arithmetic
-// runs on the tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate), FlashAttention-2 style:
+// runs on the tensor cores (mma.sync m16n8k16, bf16 or fp16 in as the cache, fp32 accumulate),
+// FlashAttention-2 style:
 //   - a tile is 64 rows of K and V (16 per warp), copied with cp.async into shared memory whose 16-byte
 //     chunks are XOR-swizzled by row, so that ldmatrix reads are free of bank conflicts;
 //   - S = Q K^T with the block's query vectors as the 16 rows of the A operand (up to 8 used), K rows
@@ -10,16 +11,20 @@
 //   - online softmax per warp (its own running max and sum: no block-wide barrier per tile besides the
 //     pipeline's), then O += P V with P as the A operand straight from the score fragments and V
 //     through ldmatrix.trans;
-//   - precision: q and P are split into two bf16 halves (x = hi + lo, lo = bf16(x - hi)) and each
-//     product is issued twice, so they carry ~16 significant bits instead of 8 and the result keeps the
-//     CUDA-core kernel's tolerance (NMSE <= 1e-9 against the reference for fp32 outputs); K and V are
-//     bf16 already, products are exact in fp32.
+//   - precision: q and P are split into two halves of the cache's type (x = hi + lo, lo = x - hi
+//     rounded) and each product is issued twice, so they carry ~16 (bf16) or ~22 (fp16) significant
+//     bits and the result keeps the CUDA-core kernel's tolerance (NMSE <= 1e-9 against the reference
+//     for fp32 outputs); K and V are in the operand type already, products are exact in fp32.
+//   - fp16's range: q times the softmax scale is first multiplied by a power of two per query vector
+//     that brings its largest element to [2^14, 2^15) (no overflow of fp16's 65504, no precision lost
+//     to subnormal lo halves), and the scores are multiplied back in fp32 (exact: powers of two).
 // At the end the four warps' states are rescaled to a common max and handed to decode_finish.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "vlsparse/cuda/decode/kernels.cuh"
 
@@ -37,28 +42,50 @@ __device__ __forceinline__ void ldsm_x4_t(unsigned& r0, unsigned& r1, unsigned& 
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                  : "r"(s));
 }
-// c += A B for one m16n8k16 tile. The A rows 8..15 (a.y, a.w) are zero here: at most 8 query vectors.
-// A is passed as one 4-register quad that the caller keeps whole (q's fragments are stored with their
-// zero halves, P's quads are built once per tile): with a0 and a2 passed alone and constant zeros for
-// a1 and a3, ptxas assembled a fresh quad for every mma -- ~6 register moves per mma, 185 of a warp's
-// ~970 instructions per tile (ncu, B = 1, n = 16K).
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint4& a, unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+// c += A B for one m16n8k16 tile, operands of type T (bfloat16 or half). The A rows 8..15 (a.y, a.w)
+// are zero here: at most 8 query vectors. A is passed as one 4-register quad that the caller keeps
+// whole (q's fragments are stored with their zero halves, P's quads are built once per tile): with a0
+// and a2 passed alone and constant zeros for a1 and a3, ptxas assembled a fresh quad for every mma --
+// ~6 register moves per mma, 185 of a warp's ~970 instructions per tile (ncu, B = 1, n = 16K).
+template <class T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint4& a, unsigned b0, unsigned b1) {
+    if constexpr (std::is_same_v<T, bfloat16>)
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+    else
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
 }
-// Two floats as bf16x2 (x0 in the low half), rounded to nearest even.
-__device__ __forceinline__ unsigned pack_bf16x2(float x0, float x1) {
+// Two floats as a pair of T (x0 in the low half), rounded to nearest even.
+template <class T>
+__device__ __forceinline__ unsigned pack_x2(float x0, float x1) {
     unsigned r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(x1), "f"(x0));
+    if constexpr (std::is_same_v<T, bfloat16>) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(x1), "f"(x0));
+    else asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(x1), "f"(x0));
     return r;
 }
-// x = hi + lo to ~16 significant bits: hi = bf16(x), lo = bf16(x - hi).
-__device__ __forceinline__ void split_bf16x2(float x0, float x1, unsigned& hi, unsigned& lo) {
-    hi = pack_bf16x2(x0, x1);
-    lo = pack_bf16x2(x0 - __uint_as_float(hi << 16), x1 - __uint_as_float(hi & 0xffff0000u));
+// The low / high element of a pair of T as a float.
+template <class T>
+__device__ __forceinline__ float lo_float(unsigned x) {
+    if constexpr (std::is_same_v<T, bfloat16>) return __uint_as_float(x << 16);
+    else return __half2float(__ushort_as_half(static_cast<unsigned short>(x & 0xffffu)));
+}
+template <class T>
+__device__ __forceinline__ float hi_float(unsigned x) {
+    if constexpr (std::is_same_v<T, bfloat16>) return __uint_as_float(x & 0xffff0000u);
+    else return __half2float(__ushort_as_half(static_cast<unsigned short>(x >> 16)));
+}
+// x = hi + lo: hi = T(x), lo = T(x - hi); ~16 significant bits for bf16, ~22 for fp16 (in its range).
+template <class T>
+__device__ __forceinline__ void split_x2(float x0, float x1, unsigned& hi, unsigned& lo) {
+    hi = pack_x2<T>(x0, x1);
+    lo = pack_x2<T>(x0 - lo_float<T>(hi), x1 - hi_float<T>(hi));
 }
 
 template <int D>
@@ -85,14 +112,17 @@ constexpr std::size_t decode_mma_smem_bytes() {
     using S = MmaShape<D>;
     return static_cast<std::size_t>(ST) * S::TILE + static_cast<std::size_t>(ST) * S::R * 4 +
            static_cast<std::size_t>(S::KS) * 2 * 32 * 16 + (4 * 8 * 2 + 2 * NQB + 16) * sizeof(float);
+    // (the last 16 floats: the merge's flag, then qscale's 8)
 }
 
-// ST: stages of the ring (MmaShape<D>::STAGES, or 3 at d = 128 for 2 blocks per multiprocessor).
-template <int D, int NQB, int ST_ = MmaShape<D>::STAGES>
+// TC: the cache's element type, bfloat16 or half. ST: stages of the ring (MmaShape<D>::STAGES, or 3 at
+// d = 128 for 2 blocks per multiprocessor).
+template <class TC, int D, int NQB, int ST_ = MmaShape<D>::STAGES>
 __global__ void __launch_bounds__(kDecodeThreads, (D == 128 && ST_ == 3) ? 2 : 3)
-    decode_mma_kernel(const __grid_constant__ DecodeArgs<bfloat16> a) {
+    decode_mma_kernel(const __grid_constant__ DecodeArgs<TC> a) {
+    static_assert(std::is_same_v<TC, bfloat16> || std::is_same_v<TC, half>, "bf16 or fp16 caches");
+    constexpr bool kF16 = std::is_same_v<TC, half>;
     using S = MmaShape<D>;
-    using TC = bfloat16;
     constexpr int R = S::R, LPR = S::LPR, CPL = S::CPL, NSL = S::NSL, RPT = S::RPT, ST = ST_, KS = S::KS;
     constexpr float ninf = -INFINITY;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -103,6 +133,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (D == 128 && ST_ == 3) ? 2 : 3
     float* wstat = reinterpret_cast<float*>(qfrag + KS * 2 * 32);           // [4 warps][8][2]
     float* stat_s = wstat + 4 * 8 * 2;                                      // [NQB][2]
     int* last_flag = reinterpret_cast<int*>(stat_s + 2 * NQB);
+    float* qscale = stat_s + 2 * NQB + 8;                                   // [8]: fp16 only, 2^-shift of each query vector
 
     const DecodeItem it = a.items[blockIdx.x];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -164,12 +195,27 @@ __global__ void __launch_bounds__(kDecodeThreads, (D == 128 && ST_ == 3) ? 2 : 3
         rows.advance(s + 2);
     }
     if (warp == 0) {
+        float sc = a.scale_log2;
+        if constexpr (kF16) {
+            // A power of two per query vector: its largest |q * scale| to [2^14, 2^15) (see the header).
+            float amax = 0.0f;
+#pragma unroll
+            for (int x = 0; x < KS * 4; ++x) amax = fmaxf(amax, fabsf(a.scale_log2 * qx[x]));
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+            // amax < 2^(E - 126) for its biased exponent E; shift in [-113, 120] (0 when q is non-finite
+            // or zero), so 2^shift and 2^-shift are normal floats built from their exponent bits.
+            const int E = static_cast<int>(__float_as_uint(amax) >> 23);
+            const int shift = E == 0 || E == 255 ? 0 : min(15 - (E - 126), 120);
+            sc = a.scale_log2 * __uint_as_float(static_cast<unsigned>(127 + shift) << 23);
+            if (tq == 0) qscale[gq] = __uint_as_float(static_cast<unsigned>(127 - shift) << 23);
+        }
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks) {
             uint4 hi, lo;
             const float* x = qx + 4 * ks;
-            split_bf16x2(a.scale_log2 * x[0], a.scale_log2 * x[1], hi.x, lo.x);
-            split_bf16x2(a.scale_log2 * x[2], a.scale_log2 * x[3], hi.z, lo.z);
+            split_x2<TC>(sc * x[0], sc * x[1], hi.x, lo.x);
+            split_x2<TC>(sc * x[2], sc * x[3], hi.z, lo.z);
             hi.y = hi.w = lo.y = lo.w = 0u;
             qfrag[(2 * ks) * 32 + lane] = hi;
             qfrag[(2 * ks + 1) * 32 + lane] = lo;
@@ -207,18 +253,19 @@ __global__ void __launch_bounds__(kDecodeThreads, (D == 128 && ST_ == 3) ? 2 : 3
                 ldsm_x4(b0, b1, b2, b3, kts + S::swz(r0 + 8 * ng + (lane & 7), 2 * ks + (lane >> 3)));
                 const uint4 h0 = qfrag[(2 * ks) * 32 + lane], l0 = qfrag[(2 * ks + 1) * 32 + lane];
                 const uint4 h1 = qfrag[(2 * ks + 2) * 32 + lane], l1 = qfrag[(2 * ks + 3) * 32 + lane];
-                mma_bf16(s[ng], h0, b0, b1);
-                mma_bf16(s[ng], l0, b0, b1);
-                mma_bf16(s[ng], h1, b2, b3);
-                mma_bf16(s[ng], l1, b2, b3);
+                mma_16816<TC>(s[ng], h0, b0, b1);
+                mma_16816<TC>(s[ng], l0, b0, b1);
+                mma_16816<TC>(s[ng], h1, b2, b3);
+                mma_16816<TC>(s[ng], l1, b2, b3);
             }
         // This thread's four scores: query gq, rows r0 + 8 ng + 2 tq + e. The masks and the logits
         // output are each one uniform branch around the four (not one per element).
         float x[4];
+        const float unshift = kF16 ? qscale[gq] : 1.0f;  // (the products are exact: a power of two)
 #pragma unroll
         for (int ng = 0; ng < 2; ++ng)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) x[2 * ng + e] = r0 + 8 * ng + 2 * tq + e < tcnt ? s[ng][e] : ninf;
+            for (int e = 0; e < 2; ++e) x[2 * ng + e] = r0 + 8 * ng + 2 * tq + e < tcnt ? (kF16 ? s[ng][e] * unshift : s[ng][e]) : ninf;
         if (causal) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
@@ -253,17 +300,17 @@ __global__ void __launch_bounds__(kDecodeThreads, (D == 128 && ST_ == 3) ? 2 : 3
         }
         // O += P V: P (query gq, rows 2 tq + {0, 1} and + 8) as the A operand, split hi / lo.
         uint4 ph, pl;  // {a0, 0, a2, 0}, built once for the tile's 2 D / 8 products
-        split_bf16x2(p[0], p[1], ph.x, pl.x);
-        split_bf16x2(p[2], p[3], ph.z, pl.z);
+        split_x2<TC>(p[0], p[1], ph.x, pl.x);
+        split_x2<TC>(p[2], p[3], ph.z, pl.z);
         ph.y = ph.w = pl.y = pl.w = 0u;
 #pragma unroll
         for (int n = 0; n < D / 8; n += 2) {
             unsigned b0, b1, b2, b3;
             ldsm_x4_t(b0, b1, b2, b3, vts + S::swz(r0 + (lane & 7) + 8 * ((lane >> 3) & 1), n + (lane >> 4)));
-            mma_bf16(o[n], ph, b0, b1);
-            mma_bf16(o[n], pl, b0, b1);
-            mma_bf16(o[n + 1], ph, b2, b3);
-            mma_bf16(o[n + 1], pl, b2, b3);
+            mma_16816<TC>(o[n], ph, b0, b1);
+            mma_16816<TC>(o[n], pl, b0, b1);
+            mma_16816<TC>(o[n + 1], ph, b2, b3);
+            mma_16816<TC>(o[n + 1], pl, b2, b3);
         }
     }
     copy_wait<0>();
