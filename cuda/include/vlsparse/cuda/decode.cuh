@@ -216,7 +216,12 @@ public:
 
 private:
     // Chunk size (a multiple of kChunkQuantum) minimizing the estimated time: waves of blocks over the
-    // GPU x the longest chunk, plus a per-block overhead worth kChunkQuantum rows.
+    // GPU x (the longest chunk + a block's fixed cost, worth kBlockCostRows rows), plus a small cost per
+    // item (the merge). The fixed cost (a block's start: q, the first tiles' round trips; its partial)
+    // keeps large batches from being cut into many short waves for a few percent of quantization: at
+    // B = 8 / 32 and 128K a cost of 64 rows chose 10 / 35 waves of ~3.5K-row chunks over one wave of
+    // whole units, 1.07-1.08x cuDNN's time against 1.01-1.03x at 64K (H200, docs/cuda.md).
+    static constexpr std::int64_t kBlockCostRows = 256;
     template <class CountItems>
     std::int64_t choose_chunk(CountItems&& count, std::int64_t longest) {
         const std::int64_t q = detail::kChunkQuantum;
@@ -235,7 +240,7 @@ private:
         for (const std::int64_t c : cands) {
             const std::int64_t items = count(c);
             const double waves = std::ceil(static_cast<double>(items) / static_cast<double>(slots));
-            const double cost = waves * static_cast<double>(c + q) + 0.02 * static_cast<double>(items);
+            const double cost = waves * static_cast<double>(c + q + kBlockCostRows) + 0.02 * static_cast<double>(items);
             if (cost < best_cost) {
                 best_cost = cost;
                 best = c;
