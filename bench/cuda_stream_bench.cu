@@ -7,6 +7,13 @@
 //   stream bulk       the same with one cp.async.bulk (TMA) per 16 KiB tile of K and of V, landing on an
 //                     mbarrier (sm_90)
 //   stream loads      plain 16-byte loads into registers, two tiles in flight per thread
+//   stream ... +Nns   (--spin N,...) stream cp.async with every thread waiting N ns after reading each
+//                     landed stage, a stand-in for the decode kernel's arithmetic on a tile
+//   stream early      the same, but each stage is read first and refilled at once (every other stage
+//                     in flight during the wait)
+//   unit interleaved  per KV head, its 32 blocks take tiles w + 32 k in turn (a static split)
+//   unit stealing     the same for each block's first 3 tiles, later ones taken from a counter per head
+//                     (work stealing)
 //   gather cp.async   the rows of a list, read through the list (per KV head: 256-byte rows), as the
 //                     indexed decode reads them; the list of cuda_decode_bench (bench::avl_shaped_rows:
 //                     the last 10% of the rows, the rest at random) at 30%, and every row (100%)
@@ -15,7 +22,7 @@
 // the corresponding ceiling is what its arithmetic, merge and launch structure cost. Bytes: K and V
 // read (2 x 8 x rows x 256). The device-to-device copy bandwidth (read + write) is measured too.
 //
-//   build-gpu/bench/cuda_stream_bench [--n 4096,16384,65536,131072] [--reps 21] [--out FILE.csv]
+//   build-gpu/bench/cuda_stream_bench [--n 4096,16384,65536,131072] [--reps 21] [--out FILE.csv] [--spin N,...]
 //   CSV: method,n,frac,blocks,stages,time_us,bytes,GBps,copy_GBps
 #include <cuda_runtime.h>
 
@@ -86,7 +93,7 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
 #endif
 }
 
-enum class Method { stream_cp_async, stream_bulk, stream_loads };
+enum class Method { stream_cp_async, stream_bulk, stream_loads, stream_early };
 
 // Reads every byte of a landed stage once (what a decode block's arithmetic would read), into acc.
 __device__ __forceinline__ void consume_stage(const unsigned char* stage, int tid, unsigned& acc) {
@@ -99,8 +106,11 @@ __device__ __forceinline__ void consume_stage(const unsigned char* stage, int ti
 }
 
 // Block b streams tiles [b * tpb, (b + 1) * tpb) of K and V. `sink` keeps the reads alive.
+// spin_ns: after reading a landed stage, every thread waits this long (%globaltimer) before the next
+// step, a stand-in for the decode kernel's arithmetic on the tile (the stage is not refilled meanwhile).
 template <Method M>
-__global__ void __launch_bounds__(kThreads) stream_kernel(const char* K, const char* V, int tpb, unsigned* sink) {
+__global__ void __launch_bounds__(kThreads) stream_kernel(const char* K, const char* V, int tpb, unsigned* sink,
+                                                          unsigned spin_ns = 0) {
     extern __shared__ __align__(128) unsigned char sm[];
     const int tid = threadIdx.x;
     const std::size_t base = static_cast<std::size_t>(blockIdx.x) * tpb * kTile;
@@ -134,7 +144,7 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const char* K, const c
             if (t < tpb) {
                 const char* ks = K + base + static_cast<std::size_t>(t) * kTile;
                 const char* vs = V + base + static_cast<std::size_t>(t) * kTile;
-                if constexpr (M == Method::stream_cp_async) {
+                if constexpr (M == Method::stream_cp_async || M == Method::stream_early) {
 #pragma unroll
                     for (int i = 0; i < 8; ++i) {
                         const int c = i * kThreads + tid;
@@ -147,15 +157,31 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const char* K, const c
                     bulk_copy(kd + kTile, vs, kTile, full + s);
                 }
             }
-            if constexpr (M == Method::stream_cp_async) commit();
+            if constexpr (M == Method::stream_cp_async || M == Method::stream_early) commit();
         };
-        for (int s = 0; s < kStages - 1; ++s) issue(s);
+        constexpr bool early = M == Method::stream_early;
+        for (int s = 0; s < kStages - (early ? 0 : 1); ++s) issue(s);
         for (int t = 0; t < tpb; ++t) {
-            if constexpr (M == Method::stream_cp_async) wait_groups<kStages - 2>();
+            if constexpr (early) wait_groups<kStages - 1>();
+            else if constexpr (M == Method::stream_cp_async) wait_groups<kStages - 2>();
             else mbar_wait(full + t % kStages, (t / kStages) & 1);
             __syncthreads();
-            issue(t + kStages - 1);
-            consume_stage(sm + (t % kStages) * 2 * kTile, tid, acc);
+            if constexpr (early) {
+                // The stage is read first and refilled at once: every stage but the one being read is in
+                // flight during the spin (a kernel that moved its tile into registers before computing).
+                consume_stage(sm + (t % kStages) * 2 * kTile, tid, acc);
+                __syncthreads();
+                issue(t + kStages);
+            } else {
+                issue(t + kStages - 1);
+                consume_stage(sm + (t % kStages) * 2 * kTile, tid, acc);
+            }
+            if (spin_ns) {
+                unsigned long long t0, t1;
+                asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+                do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+                while (t1 - t0 < spin_ns);
+            }
         }
     }
     if (acc == 0x9e3779b9u) *sink = acc;
@@ -192,6 +218,55 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(const char* K, const c
         __syncthreads();
         issue(t + kStages - 1);
         consume_stage(sm + (t % kStages) * 2 * kTile, tid, acc);
+    }
+    if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+// Per KV head g (a decode unit), its 32 blocks b = 32 g + w stream the head's nt tiles of K and V in
+// turn: tile w + 32 k for the k-th (Steal = false: a static split, the tiles interleaved), or, with
+// Steal, the first kStages that way and every later one taken from a counter of the head (work
+// stealing: a block on a faster multiprocessor takes more tiles). Thread 0 takes the tile of step
+// t + kStages at step t, so the atomic's round trip overlaps two tiles' copies; the head's last
+// block resets its counters.
+template <bool Steal>
+__global__ void __launch_bounds__(kThreads) unit_kernel(const char* K, const char* V, int nt, unsigned* ctr, unsigned* sink) {
+    extern __shared__ __align__(128) unsigned char sm[];
+    int* claim = reinterpret_cast<int*>(sm + kStages * 2 * kTile);  // [8]: tiles of steps >= kStages
+    constexpr int nw = kBlocks / kHkv;
+    const int tid = threadIdx.x, g = blockIdx.x / nw, w = blockIdx.x % nw;
+    const std::size_t head = static_cast<std::size_t>(g) * static_cast<std::size_t>(nt) * kTile;
+    unsigned acc = 0;
+    auto tile_of = [&](int s) -> int { return !Steal || s < kStages ? w + s * nw : claim[s & 7]; };
+    auto issue = [&](int s) {
+        const int tile = tile_of(s);
+        unsigned char* kd = sm + (s % kStages) * 2 * kTile;
+        if (tile < nt) {
+            const char* ks = K + head + static_cast<std::size_t>(tile) * kTile;
+            const char* vs = V + head + static_cast<std::size_t>(tile) * kTile;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int c = i * kThreads + tid;
+                cp16(kd + c * 16, ks + c * 16);
+                cp16(kd + kTile + c * 16, vs + c * 16);
+            }
+        }
+        commit();
+    };
+    for (int s = 0; s < kStages - 1; ++s) issue(s);
+    for (int t = 0;; ++t) {
+        wait_groups<kStages - 2>();
+        __syncthreads();
+        if (tile_of(t) >= nt) break;  // (the tiles of a block's steps increase)
+        if (Steal && tid == 0) claim[(t + kStages) & 7] = kStages * nw + static_cast<int>(atomicAdd(ctr + g, 1u));
+        issue(t + kStages - 1);
+        consume_stage(sm + (t % kStages) * 2 * kTile, tid, acc);
+    }
+    if (Steal) {
+        __syncthreads();
+        if (tid == 0 && atomicAdd(ctr + kHkv + g, 1u) == nw - 1) {
+            ctr[g] = 0;
+            ctr[kHkv + g] = 0;
+        }
     }
     if (acc == 0x9e3779b9u) *sink = acc;
 }
@@ -238,13 +313,24 @@ struct Bench {
 };
 
 template <Method M>
-void run_stream(Bench& B, const char* name, long long n) {
+void run_stream(Bench& B, const char* name, long long n, unsigned spin_ns = 0) {
     const std::size_t bytes_each = static_cast<std::size_t>(kHkv) * static_cast<std::size_t>(n) * kRowBytes;
     const int tpb = static_cast<int>(bytes_each / kTile / kBlocks);
     const int smem = M == Method::stream_loads ? 0 : kStages * 2 * kTile + 64;
     ck(cudaFuncSetAttribute(stream_kernel<M>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "cudaFuncSetAttribute");
-    const double us = B.median_us([&] { stream_kernel<M><<<kBlocks, kThreads, smem>>>(B.K, B.V, tpb, B.sink); });
-    B.row(name, n, 1.0, kBlocks, us, 2.0 * static_cast<double>(tpb) * kBlocks * kTile);
+    const double us = B.median_us([&] { stream_kernel<M><<<kBlocks, kThreads, smem>>>(B.K, B.V, tpb, B.sink, spin_ns); });
+    std::string label = name;
+    if (spin_ns) label += " +" + std::to_string(spin_ns) + "ns";
+    B.row(label.c_str(), n, 1.0, kBlocks, us, 2.0 * static_cast<double>(tpb) * kBlocks * kTile);
+}
+
+template <bool Steal>
+void run_unit(Bench& B, const char* name, long long n, unsigned* ctr) {
+    const int nt = static_cast<int>(n * kRowBytes / kTile);
+    const int smem = kStages * 2 * kTile + 64;
+    ck(cudaFuncSetAttribute(unit_kernel<Steal>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "cudaFuncSetAttribute");
+    const double us = B.median_us([&] { unit_kernel<Steal><<<kBlocks, kThreads, smem>>>(B.K, B.V, nt, ctr, B.sink); });
+    B.row(name, n, 1.0, kBlocks, us, 2.0 * kHkv * static_cast<double>(nt) * kTile);
 }
 
 void run_gather(Bench& B, long long n, double frac) {
@@ -268,13 +354,16 @@ int main(int argc, char** argv) {
     std::vector<std::int64_t> ns{4096, 16384, 65536, 131072};
     Bench B;
     const char* out = nullptr;
+    std::vector<std::int64_t> spins;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--n" && i + 1 < argc) ns = vlsparse::bench::parse_size_list(argv[++i]);
         else if (a == "--reps" && i + 1 < argc) B.reps = std::max(1, std::atoi(argv[++i]));
         else if (a == "--out" && i + 1 < argc) out = argv[++i];
+        else if (a == "--spin" && i + 1 < argc) spins = vlsparse::bench::parse_size_list(argv[++i]);
         else {
-            std::printf("usage: cuda_stream_bench [--n 4096,16384,65536,131072] [--reps 21] [--out FILE.csv]\n");
+            std::printf("usage: cuda_stream_bench [--n 4096,16384,65536,131072] [--reps 21] [--out FILE.csv] "
+                        "[--spin NS,NS,...]\n");
             return a == "--help" || a == "-h" ? 0 : 2;
         }
     }
@@ -344,14 +433,22 @@ int main(int argc, char** argv) {
         B.reps = reps;
         B.csv = keep;
     }
+    unsigned* ctr = nullptr;
+    ck(cudaMalloc(&ctr, 2 * kHkv * sizeof(unsigned)), "cudaMalloc");
+    ck(cudaMemset(ctr, 0, 2 * kHkv * sizeof(unsigned)), "cudaMemset");
     for (const auto n : ns) {
         run_stream<Method::stream_cp_async>(B, "stream cp.async", n);
+        for (const auto sp : spins) run_stream<Method::stream_cp_async>(B, "stream cp.async", n, static_cast<unsigned>(sp));
+        for (const auto sp : spins) run_stream<Method::stream_early>(B, "stream early", n, static_cast<unsigned>(sp));
+        run_unit<false>(B, "unit interleaved", n, ctr);
+        run_unit<true>(B, "unit stealing", n, ctr);
         if (bulk) run_stream<Method::stream_bulk>(B, "stream bulk", n);
         run_stream<Method::stream_loads>(B, "stream loads", n);
         run_gather(B, n, 1.0);
         run_gather(B, n, 0.3);
     }
     if (!bulk) std::printf("(stream bulk: needs sm_90, not run on this GPU)\n");
+    ck(cudaFree(ctr), "cudaFree");
     if (B.csv) std::fclose(B.csv);
     return 0;
 }
