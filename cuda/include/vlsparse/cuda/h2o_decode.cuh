@@ -24,7 +24,8 @@
 // over the group's heads. a_j is kept in fp32 (the CPU path in double): scores within fp32 rounding of
 // each other may be ordered differently at the cut. Each step is two kernels over blocks of 256 list
 // entries: the scores added and each block's eviction candidate folded into a per-group minimum, then
-// the lists written without the dropped entry, the next token appended.
+// the lists written without the dropped entry, the next token appended; both are programmatic
+// dependent launches (common.cuh), each launch overlapping the end of the kernel before it.
 // Include: this header, from a .cu translation unit (nvcc, C++20).
 #pragma once
 
@@ -61,6 +62,7 @@ __device__ __forceinline__ unsigned h2o_order_key(float x) {
 template <int Unused = 0>
 __global__ void h2o_accumulate_kernel(const std::int32_t* cur, int c, const float* probs, float heads, float* a,
                                       std::int64_t a_stride, int older, int evict, unsigned long long* best, int* status) {
+    dependent_entry();
     const int g = blockIdx.y, tid = threadIdx.x;
     const std::int32_t* list = cur + static_cast<std::int64_t>(g) * c;
     const float* p = probs + static_cast<std::int64_t>(g) * c;
@@ -97,6 +99,7 @@ template <int Unused = 0>
 __global__ void h2o_compact_kernel(const std::int32_t* cur, int c, int evict, const unsigned long long* best,
                                    unsigned long long* best_next, int next_pos, std::int32_t* next,
                                    std::int32_t* next_indptr, int c_next) {
+    dependent_entry();
     const int g = blockIdx.y, tid = threadIdx.x;
     const std::int32_t* list = cur + static_cast<std::int64_t>(g) * c;
     const int drop = evict ? static_cast<int>(0xffffffffu - static_cast<unsigned>(best[g] & 0xffffffffull)) : -1;
@@ -211,14 +214,16 @@ public:
         const dim3 grid(static_cast<unsigned>((count_ + detail::kH2OChunk - 1) / detail::kH2OChunk), static_cast<unsigned>(G_));
         unsigned long long* best = best_.data() + (step_ % 2) * G_;
         unsigned long long* best_next = best_.data() + ((step_ + 1) % 2) * G_;
-        detail::h2o_accumulate_kernel<><<<grid, detail::kH2OThreads, 0, stream>>>(
-            lists_[cur_].data(), static_cast<int>(count_), probs, heads_, scores_.data(), W_,
-            static_cast<int>(count_ - recent_), evict ? 1 : 0, best, status_.data());
-        detail::check_launch(fn, "h2o_accumulate_kernel");
-        detail::h2o_compact_kernel<><<<grid, detail::kH2OThreads, 0, stream>>>(
-            lists_[cur_].data(), static_cast<int>(count_), evict ? 1 : 0, best, best_next, static_cast<int>(n_ + step_ + 1),
-            lists_[nxt].data(), indptr_dev_[nxt].data(), static_cast<int>(c_next));
-        detail::check_launch(fn, "h2o_compact_kernel");
+        // Both as programmatic dependent launches (common.cuh): each launch overlaps the end of the kernel
+        // before it (the decode's probability kernel, then the accumulation); each waits for it first.
+        detail::launch_dependent(detail::h2o_accumulate_kernel<>, grid, detail::kH2OThreads, 0, stream, fn,
+                                 "h2o_accumulate_kernel", lists_[cur_].data(), static_cast<int>(count_), probs, heads_,
+                                 scores_.data(), W_, static_cast<int>(count_ - recent_), evict ? 1 : 0, best,
+                                 status_.data());
+        detail::launch_dependent(detail::h2o_compact_kernel<>, grid, detail::kH2OThreads, 0, stream, fn,
+                                 "h2o_compact_kernel", lists_[cur_].data(), static_cast<int>(count_), evict ? 1 : 0,
+                                 best, best_next, static_cast<int>(n_ + step_ + 1), lists_[nxt].data(),
+                                 indptr_dev_[nxt].data(), static_cast<int>(c_next));
         cur_ = nxt;
         count_ = c_next;
         ++step_;
