@@ -3,7 +3,7 @@
 // NHD and HND pages from a shuffled pool), dense and listed (shared and per KV head; lists of one row,
 // of every row, and of random subsets whose lengths are not multiples of the tile), ragged batches,
 // q_len 1..8 (causal among the new tokens), both kernels for bf16 and fp16 (tensor cores and CUDA
-// cores; fp16 also with q far beyond its range and near zero), GQA ratios 1..8 (3, 5, 6: padded query blocks), head dims
+// cores; q of the cache's type and of fp32; fp16 also with q far beyond its range and near zero), GQA ratios 1..8 (3, 5, 6: padded query blocks), head dims
 // 40 / 64 / 96 / 128 / 256 (40, 96: padded tiles; 40 with fp16 also the element-by-element copy
 // path), strided q, fp32 / bf16 outputs, the probabilities output, and every error. Outputs are
 // poisoned (0xff bytes: NaN) before each launch, so an element the kernel does not write fails.
@@ -251,7 +251,11 @@ void sweep_small(std::uint64_t seed) {
                     check_case<TC>(c);
                     // bf16 / fp16: the automatic choice is the tensor-core kernel where it applies; the
                     // CUDA-core kernel is checked on the same case too.
-                    if constexpr (!std::is_same_v<TC, float>) check_case<TC>(c, false, cuda::DecodeKernel::cuda_cores);
+                    if constexpr (!std::is_same_v<TC, float>) {
+                        check_case<TC>(c, false, cuda::DecodeKernel::cuda_cores);
+                        // q of the cache's type: the tensor-core kernel's exact-q path (no split).
+                        check_case<TC, TC, float>(c);
+                    }
                 }
 }
 
@@ -284,7 +288,9 @@ TEST_CASE("cuda decode: long caches split into chunks merged exactly; ragged bat
             c.seed = seed++;
             check_case<bfloat16>(c);
             check_case<bfloat16>(c, false, cuda::DecodeKernel::cuda_cores);
+            check_case<bfloat16, bfloat16, float>(c);
             check_case<vlsparse::half>(c);
+            check_case<vlsparse::half, vlsparse::half, float>(c);
             check_case<float>(c);
         }
     // One long list of one KV head: a single unit cut into a couple of hundred chunks (more than the
@@ -323,6 +329,7 @@ TEST_CASE("cuda decode: q_len up to 8, causal among the new tokens", "[cuda][dec
                 c.seed = seed++;
                 check_case<bfloat16>(c);
                 check_case<bfloat16>(c, false, cuda::DecodeKernel::cuda_cores);
+                check_case<bfloat16, bfloat16, float>(c);
                 check_case<vlsparse::half>(c);
             }
 }
@@ -389,6 +396,7 @@ TEST_CASE("cuda decode: the probabilities of the listed rows", "[cuda][decode]")
             check_case<bfloat16>(c, true);
             check_case<bfloat16>(c, true, cuda::DecodeKernel::cuda_cores);
             check_case<vlsparse::half>(c, true);
+            check_case<bfloat16, bfloat16, float>(c, true);
             check_case<float>(c, true);
         }
 }

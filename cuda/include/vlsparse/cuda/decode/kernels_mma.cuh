@@ -15,9 +15,11 @@
 //     rounded) and each product is issued twice, so they carry ~16 (bf16) or ~22 (fp16) significant
 //     bits and the result keeps the CUDA-core kernel's tolerance (NMSE <= 1e-9 against the reference
 //     for fp32 outputs); K and V are in the operand type already, products are exact in fp32.
-//   - fp16's range: q times the softmax scale is first multiplied by a power of two per query vector
-//     that brings its largest element to [2^14, 2^15) (no overflow of fp16's 65504, no precision lost
-//     to subnormal lo halves), and the scores are multiplied back in fp32 (exact: powers of two).
+//   - q of the cache's own type is exact as an operand: no split (the lo products are skipped, half of
+//     Q K^T's mma), and the scale multiplies the scores in fp32 instead of q.
+//   - fp16's range (q of another type): q times the softmax scale is first multiplied by a power of two
+//     per query vector that brings its largest element to [2^14, 2^15) (no overflow of fp16's 65504, no
+//     precision lost to subnormal lo halves), and the scores are multiplied back in fp32 (exact).
 // At the end the four warps' states are rescaled to a common max and handed to decode_finish.
 #pragma once
 
@@ -133,7 +135,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (D == 128 && ST_ == 3) ? 2 : 3
     float* wstat = reinterpret_cast<float*>(qfrag + KS * 2 * 32);           // [4 warps][8][2]
     float* stat_s = wstat + 4 * 8 * 2;                                      // [NQB][2]
     int* last_flag = reinterpret_cast<int*>(stat_s + 2 * NQB);
-    float* qscale = stat_s + 2 * NQB + 8;                                   // [8]: fp16 only, 2^-shift of each query vector
+    float* qscale = stat_s + 2 * NQB + 8;                                   // [8]: each query vector's score factor
 
     const DecodeItem it = a.items[blockIdx.x];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -194,9 +196,16 @@ __global__ void __launch_bounds__(kDecodeThreads, (D == 128 && ST_ == 3) ? 2 : 3
         issue(s, s);
         rows.advance(s + 2);
     }
+    // q of the cache's own type (the usual engine call) is exact as an mma operand: its fragments are q
+    // itself, the lo halves zero and their products skipped, and the softmax scale is applied to the
+    // scores in fp32. Other q types carry the scale in the split fragments (fp16: with a shift).
+    const bool qexact = a.q_type == dtype_of<TC>();
     if (warp == 0) {
-        float sc = a.scale_log2;
-        if constexpr (kF16) {
+        float sc = a.scale_log2, factor = 1.0f;  // q's multiplier before the split; the scores' after the mma
+        if (qexact) {
+            sc = 1.0f;
+            factor = a.scale_log2;
+        } else if constexpr (kF16) {
             // A power of two per query vector: its largest |q * scale| to [2^14, 2^15) (see the header).
             float amax = 0.0f;
 #pragma unroll
@@ -208,8 +217,9 @@ __global__ void __launch_bounds__(kDecodeThreads, (D == 128 && ST_ == 3) ? 2 : 3
             const int E = static_cast<int>(__float_as_uint(amax) >> 23);
             const int shift = E == 0 || E == 255 ? 0 : min(15 - (E - 126), 120);
             sc = a.scale_log2 * __uint_as_float(static_cast<unsigned>(127 + shift) << 23);
-            if (tq == 0) qscale[gq] = __uint_as_float(static_cast<unsigned>(127 - shift) << 23);
+            factor = __uint_as_float(static_cast<unsigned>(127 - shift) << 23);
         }
+        if (tq == 0) qscale[gq] = factor;
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks) {
             uint4 hi, lo;
@@ -254,18 +264,20 @@ __global__ void __launch_bounds__(kDecodeThreads, (D == 128 && ST_ == 3) ? 2 : 3
                 const uint4 h0 = qfrag[(2 * ks) * 32 + lane], l0 = qfrag[(2 * ks + 1) * 32 + lane];
                 const uint4 h1 = qfrag[(2 * ks + 2) * 32 + lane], l1 = qfrag[(2 * ks + 3) * 32 + lane];
                 mma_16816<TC>(s[ng], h0, b0, b1);
-                mma_16816<TC>(s[ng], l0, b0, b1);
                 mma_16816<TC>(s[ng], h1, b2, b3);
-                mma_16816<TC>(s[ng], l1, b2, b3);
+                if (!qexact) {  // (uniform)
+                    mma_16816<TC>(s[ng], l0, b0, b1);
+                    mma_16816<TC>(s[ng], l1, b2, b3);
+                }
             }
         // This thread's four scores: query gq, rows r0 + 8 ng + 2 tq + e. The masks and the logits
         // output are each one uniform branch around the four (not one per element).
         float x[4];
-        const float unshift = kF16 ? qscale[gq] : 1.0f;  // (the products are exact: a power of two)
+        const float factor = qscale[gq];  // scale * log2(e) for exact q; 2^-shift (fp16) or 1 otherwise
 #pragma unroll
         for (int ng = 0; ng < 2; ++ng)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) x[2 * ng + e] = r0 + 8 * ng + 2 * tq + e < tcnt ? (kF16 ? s[ng][e] * unshift : s[ng][e]) : ninf;
+            for (int e = 0; e < 2; ++e) x[2 * ng + e] = r0 + 8 * ng + 2 * tq + e < tcnt ? s[ng][e] * factor : ninf;
         if (causal) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
