@@ -15,8 +15,8 @@
 // count, and uploads the work list (stream-ordered, from pinned memory); `batched_decode_attention`
 // launches one kernel (plus a small one for probabilities). One plan serves every layer of a step.
 // The kernels: decode/kernels_mma.cuh (tensor cores: bf16 and fp16 caches, head_dim <= 128) and
-// decode/kernels.cuh (CUDA cores: fp32 caches, head_dim 256, unaligned rows). Device pointers throughout; fp32 accumulation; output in the
-// output view's element type, rounded to nearest even.
+// decode/kernels.cuh (CUDA cores: fp32 caches, head_dim up to 256, unaligned rows). Device pointers
+// throughout; fp32 accumulation; output in the output view's element type, rounded to nearest even.
 //
 // Checks: shapes, strides, lengths and indptr arrays on the host before anything is launched
 // (vlsparse::error). With opt.check_inputs (default on) a small kernel also checks what only the
@@ -52,8 +52,8 @@
 namespace vlsparse::cuda {
 
 // Which kernel computes the step. automatic: the tensor-core kernel for bf16 and fp16 caches with
-// head_dim <= 128 and 16-byte aligned rows, the CUDA-core kernel otherwise. The others force one (tests and
-// benchmarks compare them; tensor_cores on a case it cannot take is an error).
+// head_dim <= 128 and 16-byte aligned rows, the CUDA-core kernel otherwise. The others force one
+// (tests and benchmarks compare them; tensor_cores on a case it cannot take is an error).
 enum class DecodeKernel : std::uint8_t { automatic, cuda_cores, tensor_cores };
 
 struct DecodeOptions {
@@ -81,8 +81,8 @@ public:
 
     // meta: the step's host metadata (lengths of every sequence, q_indptr, list indptr). With
     // with_probs, the plan also holds room for the probabilities of every listed row.
-    // cache_type: the element type of the cache the plan will serve, when known: a bf16 / fp16 cache with
-    // 64 < head_dim <= 128 and one new token per sequence gets chunks sized for the tensor-core
+    // cache_type: the element type of the cache the plan will serve, when known: a bf16 / fp16 cache
+    // with 64 < head_dim <= 128 and one new token per sequence gets chunks sized for the tensor-core
     // kernel's 3-stage ring (2 blocks per multiprocessor; 1-6% faster at B = 1, docs/cuda.md); anything
     // else plans for 3 blocks per multiprocessor, which every kernel serves (the default: unknown).
     void plan(const DecodeBatchHost& meta, std::int64_t n_heads, std::int64_t n_kv_heads, std::int64_t head_dim,
@@ -111,7 +111,8 @@ public:
         qmax_ = qmax;
         // The tensor-core kernel's 3-stage ring, 2 blocks per multiprocessor: one new token per sequence
         // only (with q_len 4 at B = 8 it measured 12% slower than 2 stages at 3 blocks).
-        blocks_per_sm_ = (cache_type == DType::bf16 || cache_type == DType::f16) && head_dim > 64 && head_dim <= 128 && qmax == 1 ? 2 : 3;
+        const bool tc16 = cache_type == DType::bf16 || cache_type == DType::f16;
+        blocks_per_sm_ = tc16 && head_dim > 64 && head_dim <= 128 && qmax == 1 ? 2 : 3;
         nqb_ = 1;
         while (nqb_ < std::min<std::int64_t>(G * qmax, detail::kMaxQueryBlock)) nqb_ *= 2;
         total_q_ = meta.total_q(B);

@@ -112,9 +112,10 @@ struct MmaShape {
 template <int D, int NQB, int ST = MmaShape<D>::STAGES>
 constexpr std::size_t decode_mma_smem_bytes() {
     using S = MmaShape<D>;
+    // Tiles, row indices, q's fragments, then floats: the warps' stats, the block's, the merge's flag
+    // (in a slot of 8) and the query vectors' score factors (8).
     return static_cast<std::size_t>(ST) * S::TILE + static_cast<std::size_t>(ST) * S::R * 4 +
            static_cast<std::size_t>(S::KS) * 2 * 32 * 16 + (4 * 8 * 2 + 2 * NQB + 16) * sizeof(float);
-    // (the last 16 floats: the merge's flag, then qscale's 8)
 }
 
 // TC: the cache's element type, bfloat16 or half. ST: stages of the ring (MmaShape<D>::STAGES, or 3 at
