@@ -311,6 +311,16 @@ int main(int argc, char** argv) {
             return a == "--help" ? 0 : 2;
         }
     }
+    for (std::string rest = dtypes; !rest.empty();) {
+        const auto c = rest.find(',');
+        const std::string t = rest.substr(0, c);
+        rest = c == std::string::npos ? "" : rest.substr(c + 1);
+        if (t != "bf16" && t != "fp16" && t != "fp32") {
+            std::fprintf(stderr, "cuda_decode_bench: --dtypes takes bf16, fp16 and fp32 separated by commas, got '%s'\n",
+                         t.c_str());
+            return 2;
+        }
+    }
     cudaDeviceProp prop{};
     ok(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
     Timer tm;
