@@ -309,8 +309,23 @@ int main(int argc, char** argv) {
                 row("h2o_step_decode_noprobs", dec_np, kept, "an H2O step's plan and decode over its lists, no probabilities");
                 row("h2o_step_decode", dec_p, kept, "the same with the probabilities the update reads");
                 row("h2o_step_decode_update", dec_u, kept, "the same followed by the update (observe)");
+                // The same step with the probabilities computed inside the update from the scores the decode
+                // leaves in its plan (defer_probs, observe(plan)): no probability kernel.
+                cuda::DecodeOptions dfr = dop;
+                dfr.defer_probs = true;
+                const double dec_f = rt.median_us([&] {
+                    const cuda::DeviceSelection& r = h2o.rows();
+                    step_plan.plan({lens_x, {}, r.indptr, static_cast<std::int32_t>(r.lists())}, H, Hkv, d, true, nullptr, DType::bf16);
+                    cuda::batched_decode_attention(step_plan, q1v, cx, r.rows(), o1v, dfr);
+                    h2o.observe(step_plan);
+                }, warmup, reps);
+                row("h2o_step_decode_update_fused", dec_f, kept,
+                    "the same with the probabilities computed inside the update (defer_probs, observe(plan))");
                 std::fprintf(stderr, "n %lld H2O update in the loop: +%.1f us = %.1f%% of a dense decode step (probabilities +%.1f us)\n",
                              static_cast<long long>(n), dec_u - dec_p, 100.0 * (dec_u - dec_p) / dec, dec_p - dec_np);
+                std::fprintf(stderr, "n %lld H2O probabilities + update inside the update: +%.1f us over the decode without "
+                             "probabilities = %.1f%% of a dense decode step (with the probability kernel: +%.1f us)\n",
+                             static_cast<long long>(n), dec_f - dec_np, 100.0 * (dec_f - dec_np) / dec, dec_u - dec_np);
             }
         }
         if (want("lists")) {

@@ -36,6 +36,7 @@ struct H2OCase {
     double heavy = 0.1, recent = 0.1;
     BaselineGroups groups = BaselineGroups::kv_head;
     bool evict = true, zero_q = false;
+    bool from_plan = false;  // observe(plan): the probabilities computed inside the update
     std::uint64_t seed = 1;
 };
 
@@ -50,7 +51,7 @@ void run_case(const H2OCase& c) {
     const std::int64_t n = c.n, H = c.H, Hkv = c.Hkv, d = c.d, S = c.steps, cap = n + S;
     INFO("n " << n << ", H " << H << "/" << Hkv << ", " << (c.groups == BaselineGroups::kv_head ? "kv_head" : "layer")
               << ", heavy " << c.heavy << ", recent " << c.recent << (c.evict ? "" : ", no eviction")
-              << (c.zero_q ? ", q = 0" : ""));
+              << (c.zero_q ? ", q = 0" : "") << (c.from_plan ? ", observe(plan)" : ""));
     SplitMix64 rng(vt::seed_or(20261126u) * 7919u + c.seed);
     auto values = [&](std::int64_t count, double spread, bool zero) {
         std::vector<bfloat16> x(static_cast<std::size_t>(count));
@@ -106,7 +107,18 @@ void run_case(const H2OCase& c) {
         cuda::batched_decode_attention(plan, View3<const bfloat16>(dqd.data() + t * H * d, {1, H, d}), cache, rows.rows(),
                                        View3<bfloat16>(od.data(), {1, H, d}), cuda::DecodeOptions{}, nullptr, probs.data());
         const auto p = probs.download();
-        h2o.observe(probs.data(), nullptr, t % 5 == 4);
+        if (c.from_plan) {
+            // The step again with its scores kept in the plan and no probability kernel (the decode kernel
+            // is deterministic: it writes the same scores); the update computes the probabilities itself
+            // and must add the very bits the replica adds.
+            cuda::DecodeOptions deferred;
+            deferred.defer_probs = true;
+            cuda::batched_decode_attention(plan, View3<const bfloat16>(dqd.data() + t * H * d, {1, H, d}), cache, rows.rows(),
+                                           View3<bfloat16>(od.data(), {1, H, d}), deferred);
+            h2o.observe(plan, nullptr, t % 5 == 4);
+        } else {
+            h2o.observe(probs.data(), nullptr, t % 5 == 4);
+        }
         // The replica: a_j += p x heads, then h2o_keep.
         for (std::int64_t g = 0; g < G; ++g) {
             const auto& l = lists[static_cast<std::size_t>(g)];
@@ -143,15 +155,18 @@ void run_case(const H2OCase& c) {
 TEST_CASE("cuda h2o decode: each step's lists and the scores equal the CPU rule on the kernel's probabilities", "[cuda][h2o]") {
     std::uint64_t seed = 0;
     for (BaselineGroups groups : {BaselineGroups::kv_head, BaselineGroups::layer})
-        for (bool evict : {true, false}) {
-            H2OCase c;
-            c.groups = groups;
-            c.evict = evict;
-            c.seed = ++seed;
-            run_case(c);
-        }
+        for (bool evict : {true, false})
+            for (bool from_plan : {false, true}) {
+                H2OCase c;
+                c.groups = groups;
+                c.evict = evict;
+                c.from_plan = from_plan;
+                c.seed = ++seed;
+                run_case(c);
+            }
     {
-        H2OCase c;  // MQA, 28 heads, d 128, a longer cache
+        H2OCase c;  // MQA, 28 heads, d 128, a longer cache; the probabilities from the plan
+        c.from_plan = true;
         c.n = 1500;
         c.H = 28;
         c.Hkv = 4;
@@ -171,10 +186,11 @@ TEST_CASE("cuda h2o decode: each step's lists and the scores equal the CPU rule 
         c.seed = ++seed;
         run_case(c);
     }
-    {
+    for (bool from_plan : {false, true}) {
         H2OCase c;  // q = 0: every step's probabilities equal, ties at every cut
         c.zero_q = true;
         c.n = 200;
+        c.from_plan = from_plan;
         c.seed = ++seed;
         run_case(c);
     }
@@ -222,4 +238,34 @@ TEST_CASE("cuda h2o decode: errors", "[cuda][h2o]") {
     h2o.reset(kept, P, H, 2);
     probs.fill_bytes(0xff);  // NaN
     REQUIRE_THROWS_WITH(h2o.observe(probs.data(), nullptr, true), Contains("not finite"));
+
+    // observe(plan): a plan made with probabilities over this step's rows, and defer_probs's own checks.
+    h2o.reset(kept, P, H, 2);
+    const cuda::DeviceSelection& rows = h2o.rows();
+    const std::int32_t len = static_cast<std::int32_t>(rows.n);
+    const std::vector<std::int32_t> lens{len};
+    cuda::DecodePlan no_probs, other, good;
+    no_probs.plan({lens, {}, rows.indptr, static_cast<std::int32_t>(rows.lists())}, H, Hkv, d, false);
+    REQUIRE_THROWS_WITH(h2o.observe(no_probs), Contains("with_probs"));
+    const std::vector<std::int32_t> one_each{0, 1, 2};  // one entry per list
+    other.plan({lens, {}, one_each, 2}, H, Hkv, d, true);
+    REQUIRE_THROWS_WITH(h2o.observe(other), Contains("not this step's decode"));
+    good.plan({lens, {}, rows.indptr, static_cast<std::int32_t>(rows.lists())}, H, Hkv, d, true);
+    std::vector<bfloat16> kvx(static_cast<std::size_t>((len + 1) * Hkv * d), bfloat16(0.25f));
+    cuda::DeviceArray<bfloat16> kc(kvx), vc(kvx), q1(std::vector<bfloat16>(static_cast<std::size_t>(H * d), bfloat16(0.5f))),
+        o1(static_cast<std::size_t>(H * d));
+    cuda::DeviceArray<std::int32_t> lens_d(lens);
+    const KvBatchView<const bfloat16> cache = contiguous_kv_batch<const bfloat16>(kc.data(), vc.data(), 1, len + 1,
+                                                                                  static_cast<std::int32_t>(Hkv),
+                                                                                  static_cast<std::int32_t>(d), lens_d.data());
+    const View3<const bfloat16> qv1(q1.data(), {1, H, d});
+    const View3<bfloat16> ov1(o1.data(), {1, H, d});
+    cuda::DecodeOptions deferred;
+    deferred.defer_probs = true;
+    cuda::DeviceArray<float> step_probs(static_cast<std::size_t>(good.n_entries()));
+    REQUIRE_THROWS_WITH(cuda::batched_decode_attention(no_probs, qv1, cache, rows.rows(), ov1, deferred), Contains("defer_probs"));
+    REQUIRE_THROWS_WITH(cuda::batched_decode_attention(good, qv1, cache, rows.rows(), ov1, deferred, nullptr, step_probs.data()),
+                        Contains("defer_probs"));
+    REQUIRE_NOTHROW(cuda::batched_decode_attention(good, qv1, cache, rows.rows(), ov1, deferred));
+    REQUIRE_NOTHROW(h2o.observe(good, nullptr, true));
 }

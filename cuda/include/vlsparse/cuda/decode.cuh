@@ -61,6 +61,10 @@ struct DecodeOptions {
     DecodeKernel kernel = DecodeKernel::automatic;
     bool check_inputs = true;   // device-side checks of lengths, lists and block tables (waits for the stream)
     bool check_finite = true;   // wait for the stream; a non-finite output is a vlsparse::error
+    // With a plan made with_probs and no probs array: the kernel keeps each listed row's scores and each
+    // query's (max, sum) in the plan, and no probability kernel runs; a consumer that reads them from
+    // the plan turns them into probabilities itself (H2ODecode::observe(plan): one kernel fewer per step).
+    bool defer_probs = false;
 };
 
 // The work split of one decode step (see the header comment). Reusable: plan() again for the next
@@ -413,6 +417,26 @@ inline std::string check_message(const long long* r) {
     }
 }
 
+// What decode_probs_kernel (and a consumer of deferred probabilities) reads of a plan made with_probs,
+// after a decode step that wrote its scores there.
+inline ProbArgs prob_args(const DecodePlan& plan, float* probs) {
+    const auto dv = plan.device();
+    ProbArgs p;
+    p.logits = dv.logits;
+    p.stats = dv.stats;
+    p.probs = probs;
+    p.list_indptr = dv.list_indptr;
+    p.q_indptr = dv.q_indptr;
+    p.n_entries = plan.n_entries();
+    p.logit_stride = dv.logit_stride;
+    p.n_lists = static_cast<int>(plan.batch() * plan.lists_per_seq());
+    p.lists_per_seq = plan.lists_per_seq();
+    p.n_kv_heads = static_cast<int>(plan.n_kv_heads());
+    p.group = static_cast<int>(plan.n_heads() / plan.n_kv_heads());
+    p.n_heads = static_cast<int>(plan.n_heads());
+    return p;
+}
+
 inline bool overlaps_bytes(const void* a, std::size_t na, const void* b, std::size_t nb) {
     const auto pa = reinterpret_cast<std::uintptr_t>(a), pb = reinterpret_cast<std::uintptr_t>(b);
     return pa < pb + nb && pb < pa + na;
@@ -457,6 +481,8 @@ void batched_decode_attention(const DecodePlan& plan, View3<const TQ> q, const K
     require(!detail::overlaps_bytes(q.data, detail::span_bytes(q), out.data, detail::span_bytes(out)), fn,
             "output out aliases input q; expected separate buffers");
     require(!probs || plan.with_probs(), fn, "probabilities asked for, but the plan was made without with_probs");
+    require(!opt.defer_probs || (plan.with_probs() && !probs), fn,
+            "defer_probs keeps the scores in the plan: it needs a plan made with with_probs and no probs array");
     const float scale = ::vlsparse::detail::resolve_scale(AttentionOptions{opt.scale, false}, d, fn);
 
     const auto dv = plan.device();
@@ -490,8 +516,9 @@ void batched_decode_attention(const DecodePlan& plan, View3<const TQ> q, const K
     a.part = dv.part;
     a.counters = dv.counters;
     a.status = opt.check_finite ? dv.status : nullptr;
-    a.logits = probs ? dv.logits : nullptr;
-    a.stats = probs ? dv.stats : nullptr;
+    const bool scores = probs || opt.defer_probs;
+    a.logits = scores ? dv.logits : nullptr;
+    a.stats = scores ? dv.stats : nullptr;
     a.logit_stride = dv.logit_stride;
     a.group = static_cast<int>(H / plan.n_kv_heads());
     a.n_heads = static_cast<int>(H);
@@ -524,19 +551,7 @@ void batched_decode_attention(const DecodePlan& plan, View3<const TQ> q, const K
     else detail::launch_decode_nqb<TC, 256>(a, nqb, n_items, stream, fn);
 
     if (probs && plan.n_entries() > 0) {
-        detail::ProbArgs p;
-        p.logits = dv.logits;
-        p.stats = dv.stats;
-        p.probs = probs;
-        p.list_indptr = dv.list_indptr;
-        p.q_indptr = dv.q_indptr;
-        p.n_entries = plan.n_entries();
-        p.logit_stride = dv.logit_stride;
-        p.n_lists = static_cast<int>(plan.batch() * plan.lists_per_seq());
-        p.lists_per_seq = plan.lists_per_seq();
-        p.n_kv_heads = static_cast<int>(plan.n_kv_heads());
-        p.group = a.group;
-        p.n_heads = a.n_heads;
+        const detail::ProbArgs p = detail::prob_args(plan, probs);
         const auto blocks = static_cast<unsigned>((plan.n_entries() + 255) / 256);
         detail::decode_probs_kernel<><<<blocks, 256, 0, stream>>>(p);
         detail::check_launch(fn, "decode_probs_kernel");

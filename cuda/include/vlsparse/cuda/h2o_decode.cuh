@@ -11,6 +11,11 @@
 //     plan.plan({lens, {}, rows.indptr, rows.lists()}, H, H_kv, d, true, stream, dtype);
 //     batched_decode_attention(plan, q, cache, rows.rows(), out, opt, stream, probs);
 //     h2o.observe(probs, stream);              // a_j += the step's attention; evict; append n + t + 1
+//   or, one kernel fewer per step, with the probabilities computed inside the update from the scores the
+//   decode leaves in its plan:
+//     opt.defer_probs = true;
+//     batched_decode_attention(plan, q, cache, rows.rows(), out, opt, stream);
+//     h2o.observe(plan, stream);
 //
 // The lists name positions of the sequence: the logical rows of a cache indexed by position (a paged
 // cache through its block table, or a contiguous one that is not compacted), which is what decode reads
@@ -36,6 +41,7 @@
 #include <vector>
 
 #include "vlsparse/cuda/common.cuh"
+#include "vlsparse/cuda/decode.cuh"
 #include "vlsparse/cuda/selection/lists.cuh"
 #include "vlsparse/policies/baselines_select.hpp"
 
@@ -55,24 +61,27 @@ __device__ __forceinline__ unsigned h2o_order_key(float x) {
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-// Step part 1, grid (chunks, G): a[g][pos] += probs[e] * heads for the entries of group g's list (count c
+// Step part 1, grid (chunks, G): a[g][pos] += p[e] * heads for the entries of group g's list (count c
 // at offset g * c of `cur`); with evict, the lowest score among the older entries [0, c - recent) and,
 // among equal lowest scores, the highest entry into best[g] (atomicMin of key(score) << 32 | ~index). A
-// non-finite score sets *status.
-template <int Unused = 0>
-__global__ void h2o_accumulate_kernel(const std::int32_t* cur, int c, const float* probs, float heads, float* a,
-                                      std::int64_t a_stride, int older, int evict, unsigned long long* best, int* status) {
+// non-finite score sets *status. p: probs, or (FromPlan) computed here from the scores the decode
+// kernel left in its plan (list g of the plan's one sequence), the same bits decode_probs_kernel writes.
+template <bool FromPlan>
+__global__ void h2o_accumulate_kernel(const std::int32_t* cur, int c, const float* probs, const ProbArgs pa, float heads,
+                                      float* a, std::int64_t a_stride, int older, int evict, unsigned long long* best,
+                                      int* status) {
     dependent_entry();
     const int g = blockIdx.y, tid = threadIdx.x;
     const std::int32_t* list = cur + static_cast<std::int64_t>(g) * c;
-    const float* p = probs + static_cast<std::int64_t>(g) * c;
+    const float* p = FromPlan ? nullptr : probs + static_cast<std::int64_t>(g) * c;
     float* ag = a + static_cast<std::int64_t>(g) * a_stride;
     unsigned long long mine = ~0ull;
     bool bad = false;
     const int i0 = static_cast<int>(blockIdx.x) * kH2OChunk, i1 = min(c, i0 + kH2OChunk);
     for (int i = i0 + tid; i < i1; i += blockDim.x) {
         const std::int32_t pos = list[i];
-        const float x = __fmaf_rn(p[i], heads, ag[pos]);  // the CPU test replays this exact operation
+        const float pe = FromPlan ? decode_entry_prob(pa, static_cast<std::int64_t>(g) * c + i, g) : p[i];
+        const float x = __fmaf_rn(pe, heads, ag[pos]);  // the CPU test replays this exact operation
         ag[pos] = x;
         bad |= !isfinite(x);
         if (evict && i < older) {
@@ -207,6 +216,29 @@ public:
         constexpr const char* fn = "cuda::H2ODecode::observe";
         ::vlsparse::detail::require(G_ > 0, fn, "reset() was not called");
         ::vlsparse::detail::require(probs != nullptr, fn, "probs is null (plan the decode with with_probs)");
+        advance(probs, nullptr, stream, check, fn);
+    }
+    // The same from the scores the step's decode left in `plan` (made with with_probs over rows(), run
+    // with DecodeOptions::defer_probs or with a probs array): the probabilities are computed inside the
+    // update, bit for bit as batched_decode_attention writes them, and no probability kernel runs.
+    void observe(const DecodePlan& plan, cudaStream_t stream = nullptr, bool check = false) {
+        constexpr const char* fn = "cuda::H2ODecode::observe";
+        using ::vlsparse::detail::require;
+        require(G_ > 0, fn, "reset() was not called");
+        require(plan.planned() && plan.with_probs(), fn, "the plan was not made with with_probs");
+        require(plan.batch() == 1 && plan.lists_per_seq() == G_ && plan.n_entries() == G_ * count_ &&
+                    plan.n_heads() == static_cast<std::int64_t>(heads_) * G_,
+                fn, "the plan is not this step's decode over rows(): batch ", plan.batch(), ", ", plan.lists_per_seq(),
+                " lists, ", plan.n_entries(), " entries, H = ", plan.n_heads(), " (expected 1, ", G_, ", ", G_ * count_,
+                ", ", static_cast<std::int64_t>(heads_) * G_, ")");
+        const detail::ProbArgs pa = detail::prob_args(plan, nullptr);
+        advance(nullptr, &pa, stream, check, fn);
+    }
+
+private:
+    // One step: the accumulation (from probs, or from the plan's scores through pa), the eviction, the
+    // next lists.
+    void advance(const float* probs, const detail::ProbArgs* pa, cudaStream_t stream, bool check, const char* fn) {
         ::vlsparse::detail::require(n_ + step_ + 1 < W_, fn, "step ", step_ + 1, " is past the max_steps given to reset()");
         const bool evict = evict_ && count_ > heavy_ + recent_;
         const std::int64_t c_next = count_ - (evict ? 1 : 0) + 1;
@@ -216,10 +248,11 @@ public:
         unsigned long long* best_next = best_.data() + ((step_ + 1) % 2) * G_;
         // Both as programmatic dependent launches (common.cuh): each launch overlaps the end of the kernel
         // before it (the decode's probability kernel, then the accumulation); each waits for it first.
-        detail::launch_dependent(detail::h2o_accumulate_kernel<>, grid, detail::kH2OThreads, 0, stream, fn,
-                                 "h2o_accumulate_kernel", lists_[cur_].data(), static_cast<int>(count_), probs, heads_,
-                                 scores_.data(), W_, static_cast<int>(count_ - recent_), evict ? 1 : 0, best,
-                                 status_.data());
+        const detail::ProbArgs none{};
+        detail::launch_dependent(pa ? detail::h2o_accumulate_kernel<true> : detail::h2o_accumulate_kernel<false>, grid,
+                                 detail::kH2OThreads, 0, stream, fn, "h2o_accumulate_kernel", lists_[cur_].data(),
+                                 static_cast<int>(count_), probs, pa ? *pa : none, heads_, scores_.data(), W_,
+                                 static_cast<int>(count_ - recent_), evict ? 1 : 0, best, status_.data());
         detail::launch_dependent(detail::h2o_compact_kernel<>, grid, detail::kH2OThreads, 0, stream, fn,
                                  "h2o_compact_kernel", lists_[cur_].data(), static_cast<int>(count_), evict ? 1 : 0,
                                  best, best_next, static_cast<int>(n_ + step_ + 1), lists_[nxt].data(),
@@ -236,7 +269,6 @@ public:
         }
     }
 
-private:
     static unsigned grid_for(std::int64_t total) {
         return static_cast<unsigned>(std::clamp<std::int64_t>((total + 255) / 256, 1, 4096));
     }

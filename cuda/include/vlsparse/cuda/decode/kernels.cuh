@@ -678,6 +678,29 @@ struct ProbArgs {
     int n_lists = 0, lists_per_seq = 1, n_kv_heads = 1, group = 1, n_heads = 1;
 };
 
+// The probability of entry e of list l (of sequence l / lists_per_seq) from the decode kernel's scores
+// and stats: summed over the sequence's new tokens, averaged over the query heads that read the list.
+// One function for decode_probs_kernel and the consumers of deferred probabilities
+// (DecodeOptions::defer_probs, H2ODecode::observe(plan)), so that both compute the same bits.
+__device__ __forceinline__ float decode_entry_prob(const ProbArgs& a, std::int64_t e, int l) {
+    const int b = l / a.lists_per_seq;
+    const int q0 = a.q_indptr ? a.q_indptr[b] : b;
+    const int q_len = a.q_indptr ? a.q_indptr[b + 1] - q0 : 1;
+    const int nqv = a.group * q_len;
+    const int g0 = a.lists_per_seq == 1 ? 0 : l % a.lists_per_seq;
+    const int ng = a.lists_per_seq == 1 ? a.n_kv_heads : 1;
+    float p = 0.0f;
+    for (int gi = 0; gi < ng; ++gi)
+        for (int qv = 0; qv < nqv; ++qv) {
+            const float x = a.logits[e * a.logit_stride + gi * nqv + qv];
+            if (x == -INFINITY) continue;
+            const int i = qv / a.group, h = (g0 + gi) * a.group + qv % a.group;
+            const std::int64_t qi = static_cast<std::int64_t>(q0 + i) * a.n_heads + h;
+            p += exp2f(x - a.stats[2 * qi]) / a.stats[2 * qi + 1];
+        }
+    return p / static_cast<float>(ng * a.group);
+}
+
 // (A template, as every kernel of this header-only library: a plain __global__ function defined in a
 // header is defined again in every translation unit that includes it.)
 template <int Unused = 0>
@@ -691,22 +714,7 @@ __global__ void decode_probs_kernel(const ProbArgs a) {
         if (a.list_indptr[mid] <= e) lo = mid;
         else hi = mid;
     }
-    const int b = lo / a.lists_per_seq;
-    const int q0 = a.q_indptr ? a.q_indptr[b] : b;
-    const int q_len = a.q_indptr ? a.q_indptr[b + 1] - q0 : 1;
-    const int nqv = a.group * q_len;
-    const int g0 = a.lists_per_seq == 1 ? 0 : lo % a.lists_per_seq;
-    const int ng = a.lists_per_seq == 1 ? a.n_kv_heads : 1;
-    float p = 0.0f;
-    for (int gi = 0; gi < ng; ++gi)
-        for (int qv = 0; qv < nqv; ++qv) {
-            const float x = a.logits[e * a.logit_stride + gi * nqv + qv];
-            if (x == -INFINITY) continue;
-            const int i = qv / a.group, h = (g0 + gi) * a.group + qv % a.group;
-            const std::int64_t qi = static_cast<std::int64_t>(q0 + i) * a.n_heads + h;
-            p += exp2f(x - a.stats[2 * qi]) / a.stats[2 * qi + 1];
-        }
-    a.probs[e] = p / static_cast<float>(ng * a.group);
+    a.probs[e] = decode_entry_prob(a, e, lo);
 }
 
 // Device-side checks of what the host cannot see without reading device memory: the device lengths
