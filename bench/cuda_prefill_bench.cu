@@ -2,6 +2,8 @@
 // "CUDA III" (bf16, H = 28, H_kv = 4, d = 128, batch 1, n = 8K .. 32K):
 //   dense_causal           dense_prefill_attention (PrefillKernel::automatic: wgmma on an H100 with sm_90a code)
 //   dense_causal_mma_sync  the same on the portable mma.sync path (PrefillKernel::mma_sync)
+//   dense_causal_cpasync   the same with whole key tiles copied by cp.async instead of the bulk tensor copy
+//                          (PrefillOptions::bulk_copy = false; only when --cases names it)
 //   dense_causal_simt      the same on the CUDA-core kernel (PrefillKernel::simt; slow: only when --cases
 //                          names it)
 //   dense_causal_fp32      fp32 q, k, v (the CUDA-core kernel; only when --cases names it)
@@ -160,6 +162,12 @@ int main(int argc, char** argv) {
             row("vlsparse", "dense_causal_mma_sync", us, H * n * (n + 1) / 2, "mma.sync");
         }
 
+        if (named("dense_causal_cpasync")) {  // the producer warps' cp.async copies for every tile
+            cuda::PrefillOptions o2 = opt;
+            o2.bulk_copy = false;
+            const double us = timed([&] { cuda::dense_prefill_attention(qv, kv, vv, ov, o2); });
+            row("vlsparse", "dense_causal_cpasync", us, H * n * (n + 1) / 2, wgmma ? "wgmma, cp.async tiles" : "mma.sync");
+        }
         if (named("dense_causal_simt")) {  // the CUDA-core kernel on the same bf16 inputs
             cuda::PrefillOptions o2 = opt;
             o2.kernel = cuda::PrefillKernel::simt;

@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -131,6 +132,25 @@ struct DeviceQkv {
     }
 };
 
+// On the wgmma path (automatic), whole key tiles of the dense and block-sparse front ends come by the
+// bulk tensor copy; `launch` run again with the cp.async copies (bulk_copy = false) into a freshly
+// poisoned output must give the same bits: the two ways only move the same bytes.
+template <class T, class Launch>
+void check_bulk_copy_bits(DeviceQkv<T>& dv, const Launch& launch, const std::string& what) {
+    if (g_kernel != cuda::PrefillKernel::automatic) return;
+    const std::vector<float> bulk = dv.out.download();
+    dv.out.fill_bytes(0xff);
+    cuda::PrefillOptions o = opts();
+    o.bulk_copy = false;
+    launch(o);
+    const std::vector<float> plain = dv.out.download();
+    INFO(what << " (" << type_name<T>() << "): bulk tensor copies against cp.async");
+    REQUIRE(plain.size() == bulk.size());
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < bulk.size(); ++i) differ += std::memcmp(&bulk[i], &plain[i], sizeof(float)) != 0;
+    CHECK(differ == 0);
+}
+
 // Compares the GPU output with the reference's (double) for the fill's check.
 template <class T>
 void check_output(const std::vector<float>& got, const std::vector<double>& ref, const Qkv<T>& x, Fill fill,
@@ -189,6 +209,8 @@ void run_dense(std::int64_t nq, std::int64_t nk, std::int64_t H, std::int64_t Hk
     reference::dense_attention(host_view(x.q, nq, H, d), host_view(x.k, nk, Hkv, d), host_view(x.v, nk, Hkv, d),
                                View3<double>(ref.data(), {nq, H, d}));
     check_output(dv.out.download(), ref, x, fill, "dense causal");
+    check_bulk_copy_bits(dv, [&](const cuda::PrefillOptions& o) { cuda::dense_prefill_attention(dv.qv, dv.kv, dv.vv, dv.ov, o); },
+                         "dense causal");
 }
 
 // ---- token-sparse ------------------------------------------------------------------------------------
@@ -254,6 +276,8 @@ void run_masked(const MaskContext& ctx, const std::vector<MaskTemplate>& heads, 
     CHECK(plan.allowed_pairs() == allowed);
     CHECK(plan.computed_pairs() >= allowed);
     check_output(dv.out.download(), ref, x, fill, "block-sparse, " + what);
+    check_bulk_copy_bits(dv, [&](const cuda::PrefillOptions& o) { cuda::masked_prefill_attention(plan, dv.qv, dv.kv, dv.vv, dv.ov, o); },
+                         "block-sparse, " + what);
 }
 
 std::vector<MaskTemplate> mixed_heads(std::int64_t H, std::uint64_t seed) {

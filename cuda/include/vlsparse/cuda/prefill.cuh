@@ -36,6 +36,7 @@
 // Include: this header, from a .cu translation unit (nvcc, C++20).
 #pragma once
 
+#include <cuda.h>  // CUtensorMap and its enums (the driver function is looked up at run time)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -73,6 +74,11 @@ struct PrefillOptions {
     bool check_inputs = true;   // token-sparse: check the device lists on the device (waits for the stream)
     bool check_finite = true;   // wait for the stream; a non-finite output is a vlsparse::error
     PrefillKernel kernel = PrefillKernel::automatic;
+    // wgmma path: whole key tiles of the dense and block-sparse front ends copied by the bulk tensor copy
+    // engine (TMA: one thread per tile) instead of cp.async by the producer warps. Same results either
+    // way; false is for comparisons and tests. Ignored where no tensor map can be made (a driver without
+    // cuTensorMapEncodeTiled): cp.async then.
+    bool bulk_copy = true;
 };
 
 // Token lists on the device for the token-sparse front end: lists() lists (1: shared by every KV head,
@@ -165,6 +171,7 @@ void prefill_common(View3<const T> q, View3<const T> k, View3<const T> v, View3<
     a.o_s2 = out.stride[2];
     a.H = static_cast<int>(H);
     a.Hkv = static_cast<int>(Hkv);
+    a.n_k = static_cast<int>(nk);
     a.G = static_cast<int>(H / Hkv);
     a.scale_log2 = static_cast<float>(static_cast<double>(scale) * 1.4426950408889634);
 }
@@ -185,23 +192,67 @@ inline bool prefill_device_is_sm90(const char* fn) {
     return yes;
 }
 
+// cuTensorMapEncodeTiled, looked up once in the driver through the runtime (no link against libcuda);
+// null when the driver does not provide it.
+using TensorMapEncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                            const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                            CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+inline TensorMapEncodeTiledFn tensor_map_encoder() {
+    static const TensorMapEncodeTiledFn f = [] {
+        void* p = nullptr;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess) {
+            (void)cudaGetLastError();  // (not sticky; cleared so that the next check does not see it)
+            return TensorMapEncodeTiledFn{};
+        }
+        return reinterpret_cast<TensorMapEncodeTiledFn>(p);
+    }();
+    return f;
+}
+
+// K or V [n_k, H_kv, D] (16-bit elements, unit inner stride; row and head strides s0, s1 in elements, multiples
+// of 8 with a 16-byte aligned base: prefill_common checked) as the tensor map the kernel's bulk copies read:
+// dims {D, n_k, H_kv}, boxes of 64 columns x 64 rows x 1 head, 128-byte swizzle (the layout of a tile plane
+// in shared memory), rows past n_k read as zeros. False when the driver refuses it.
+template <class T, int D>
+bool encode_kv_tensor_map(CUtensorMap& map, const void* base, int n_k, int Hkv, std::int64_t s0, std::int64_t s1) {
+    const TensorMapEncodeTiledFn encode = tensor_map_encoder();
+    if (!encode) return false;
+    const CUtensorMapDataType type = std::is_same_v<T, bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    const cuuint64_t dims[3] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(n_k), static_cast<cuuint64_t>(Hkv)};
+    const cuuint64_t strides[2] = {static_cast<cuuint64_t>(s0) * sizeof(T), static_cast<cuuint64_t>(s1) * sizeof(T)};
+    const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(kPrefillKeys), 1};
+    const cuuint32_t estr[3] = {1, 1, 1};
+    return encode(&map, type, 3, const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 template <class T, class TO, int D, bool WG>
-void launch_prefill_kernel(const PrefillArgs& a, dim3 grid, cudaStream_t stream, const char* fn) {
+void launch_prefill_kernel(PrefillArgs a, dim3 grid, bool bulk_copy, cudaStream_t stream, const char* fn) {
     constexpr std::size_t smem = PrefillShape<D, WG ? 5 : 3>::smem_bytes();
     // The attribute is per device: set it on every launch (a host-side call, no synchronization).
     check_cuda(cudaFuncSetAttribute(prefill_mma_kernel<T, TO, D, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem)),
                fn, "cudaFuncSetAttribute");
+    // Whole tiles by the bulk tensor copy where both tensor maps can be made (token-sparse launches gather
+    // their rows: cp.async).
+    a.tma = 0;
+    if constexpr (WG) {
+        if (bulk_copy && !a.keys_list && encode_kv_tensor_map<T, D>(a.tmap_k, a.k, a.n_k, a.Hkv, a.k_s0, a.k_s1) &&
+            encode_kv_tensor_map<T, D>(a.tmap_v, a.v, a.n_k, a.Hkv, a.v_s0, a.v_s1))
+            a.tma = 1;
+    }
     prefill_mma_kernel<T, TO, D, WG><<<grid, WG ? kPrefillThreadsWS : kPrefillThreads, smem, stream>>>(a);
     check_launch(fn, "prefill_mma_kernel");
 }
 
 template <class T, class TO, int D>
-void launch_prefill_d(const PrefillArgs& a, dim3 grid, PrefillKernel kernel, cudaStream_t stream, const char* fn) {
-    if (kernel == PrefillKernel::automatic && prefill_device_is_sm90(fn))
-        launch_prefill_kernel<T, TO, D, true>(a, grid, stream, fn);
+void launch_prefill_d(const PrefillArgs& a, dim3 grid, const PrefillOptions& opt, cudaStream_t stream, const char* fn) {
+    if (opt.kernel == PrefillKernel::automatic && prefill_device_is_sm90(fn))
+        launch_prefill_kernel<T, TO, D, true>(a, grid, opt.bulk_copy, stream, fn);
     else
-        launch_prefill_kernel<T, TO, D, false>(a, grid, stream, fn);
+        launch_prefill_kernel<T, TO, D, false>(a, grid, false, stream, fn);
 }
 
 template <class T, class TO>
@@ -230,8 +281,8 @@ void launch_prefill(PrefillArgs a, int d, dim3 grid, const PrefillOptions& opt, 
         if constexpr (!std::is_same_v<T, float>) {
             tensor_cores = prefill_on_tensor_cores<T>(d, opt);
             if (tensor_cores) {
-                if (d == 64) launch_prefill_d<T, TO, 64>(a, grid, opt.kernel, stream, fn);
-                else launch_prefill_d<T, TO, 128>(a, grid, opt.kernel, stream, fn);
+                if (d == 64) launch_prefill_d<T, TO, 64>(a, grid, opt, stream, fn);
+                else launch_prefill_d<T, TO, 128>(a, grid, opt, stream, fn);
             }
         }
         if (!tensor_cores) launch_prefill_simt<T, TO>(a, d, grid, stream, fn);

@@ -42,6 +42,7 @@
 // bit 1 of *status; the host turns it into an error.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap (the bulk tensor copy's descriptor); no driver call is made here
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -116,6 +117,7 @@ struct PrefillArgs {
     void* out = nullptr;      // [n_q, H, d], any strides
     std::int64_t q_s0 = 0, q_s1 = 0, k_s0 = 0, k_s1 = 0, v_s0 = 0, v_s1 = 0, o_s0 = 0, o_s1 = 0, o_s2 = 0;
     int H = 0, Hkv = 0, G = 1;  // query heads, KV heads, query heads per KV head
+    int n_k = 0;                // key rows of k and v
     int hp = 1;                 // heads packed per m row group (G, or 1 for per-head items)
     int q_offset = 0;           // position of query row r: r + q_offset (dense: n_k - n_q)
     float scale_log2 = 0.0f;    // softmax scale * log2(e)
@@ -136,6 +138,12 @@ struct PrefillArgs {
     const PrefillSegment* segs = nullptr;
     DeviceMask mask;
     int* status = nullptr;      // bit 1: a non-finite output
+    // The bulk tensor copy (wgmma path only): K and V as 3-D tensor maps {d, n_k, H_kv} of 64 x 64 boxes
+    // with the 128-byte swizzle (one box per 64-column plane of a tile). tma = 1: every whole tile whose
+    // entries are positions (dense, block-sparse without key metadata) is copied by one thread through
+    // them; short tiles, gathered rows (token-sparse) and tiles with key metadata keep the cp.async copies.
+    CUtensorMap tmap_k{}, tmap_v{};
+    int tma = 0;
 };
 
 // Tiles and shared memory of the kernel for head dim D with a ring of ST K / V stages (3 for mma.sync,
@@ -306,6 +314,31 @@ __device__ __forceinline__ void mbar_wait(std::uint64_t* bar, unsigned parity) {
         : "memory");
 #else
     (void)bar, (void)parity;
+#endif
+}
+// Arrive and add `bytes` to the transactions the current phase waits for (the bulk copies that complete
+// on this barrier count them down).
+__device__ __forceinline__ void mbar_arrive_expect_tx(std::uint64_t* bar, unsigned bytes) {
+#if VLSPARSE_CUDA_HAS_WGMMA
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(bar))),
+                 "r"(bytes)
+                 : "memory");
+#else
+    (void)bar, (void)bytes;
+#endif
+}
+// One box of a 3-D tensor map (a __grid_constant__ kernel parameter) at coordinates {c0, c1, c2} into
+// shared memory at dst (1024-byte aligned for the 128-byte swizzle), completing on bar.
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, std::uint64_t* bar) {
+#if VLSPARSE_CUDA_HAS_WGMMA
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
+            static_cast<unsigned>(__cvta_generic_to_shared(dst))),
+        "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2),
+        "r"(static_cast<unsigned>(__cvta_generic_to_shared(bar)))
+        : "memory");
+#else
+    (void)dst, (void)map, (void)c0, (void)c1, (void)c2, (void)bar;
 #endif
 }
 template <int N>
@@ -533,7 +566,7 @@ __device__ __forceinline__ PrefillBlockWork prefill_block_work(const PrefillArgs
 
 // WG: the wgmma path where this code is compiled for sm_90a (else the mma.sync path, same results).
 template <class T, class TO, int D, bool WG>
-__global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) prefill_mma_kernel(const PrefillArgs a) {
+__global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) prefill_mma_kernel(const __grid_constant__ PrefillArgs a) {
     using S = PrefillShape<D, WG ? 5 : 3>;
     constexpr bool use_wgmma = WG && VLSPARSE_CUDA_HAS_WGMMA;
     // A WG block compiled without sm_90a runs the mma.sync loop on its first 256 threads.
@@ -877,6 +910,79 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
             // (kDepth <= STAGES - 3: signalling tile i - kDepth must not wait for a stage that the compute
             // warps release only after they have used tile i - kDepth; 3 in flight with 5 stages was 30% slower.)
             constexpr int kDepth = 2;
+            if (a.tma != 0 && !klist) {
+                // Whole tiles by the bulk tensor copy (entries are positions: dense, block-sparse). Per tile:
+                // the first BN threads write the positions, thread 0 the kind and last position, arms the stage's
+                // full barrier with the tile's bytes and issues one box per 64-column plane of K and of V; the
+                // other threads arrive at once (the phase then completes when the bytes have landed). Short
+                // tiles and tiles with key metadata: cp.async, signalled kDepth tiles later. `bulk`: which of
+                // the last tiles went by the copy engine (bit j: tile i - j). (A loop of its own: folded into
+                // the cp.async loop below, it made that loop 1-9% slower for the token-sparse and cp.async
+                // tiles, H200.)
+                unsigned bulk = 0;
+                int i = 0;
+                while (ld.valid) {
+                    const int st = i % S::STAGES;
+                    if (i >= S::STAGES) mbar_wait(empty_bar + st, static_cast<unsigned>((i / S::STAGES - 1) & 1));
+                    const bool short_tile = ld.tile + S::BN > ld.hi;
+                    T* sk = skv + st * 2 * S::TILE;
+                    T* sv = sk + S::TILE;
+                    const bool key_meta = masked && ld.kind == kSegGeneral;
+                    const bool by_tma = !short_tile && !key_meta;
+                    bulk = (bulk << 1) | (by_tma ? 1u : 0u);
+                    if (by_tma) {
+                        if (ptid < S::BN) skpos[st * S::BN + ptid] = ld.tile + ptid;
+                        if (ptid == 0) {
+                            smeta[2 * st] = ld.kind;
+                            smeta[2 * st + 1] = ld.tile + S::BN - 1;
+                            mbar_arrive_expect_tx(full_bar + st, static_cast<unsigned>(2 * S::TILE * sizeof(T)));
+#pragma unroll
+                            for (int pl = 0; pl < D / 64; ++pl) {
+                                tma_load_3d(sk + pl * S::BN * 64, &a.tmap_k, pl * 64, ld.tile, g, full_bar + st);
+                                tma_load_3d(sv + pl * S::BN * 64, &a.tmap_v, pl * 64, ld.tile, g, full_bar + st);
+                            }
+                        } else {
+                            mbar_arrive(full_bar + st);
+                        }
+                    } else {
+                        const T* kt = kbase + static_cast<std::int64_t>(ld.tile + r0) * a.k_s0 + c * 8;
+                        const T* vt = vbase + static_cast<std::int64_t>(ld.tile + r0) * a.v_s0 + c * 8;
+#pragma unroll
+                        for (int j = 0; j < PKPT; ++j) {
+                            const int r = r0 + j * PRPP;
+                            const int e = ld.tile + r;
+                            const bool ok = e < ld.hi;
+                            copy16_async(sk + S::swz_kv(r, c), ok ? kt + j * kstride : kbase, ok);
+                            copy16_async(sv + S::swz_kv(r, c), ok ? vt + j * vstride : vbase, ok);
+                            if (c == 0) {
+                                const int pos = ok ? e : -1;
+                                skpos[st * S::BN + r] = pos;
+                                if (key_meta) {
+                                    skimg[st * S::BN + r] = pos < 0 ? -1 : __ldg(a.mask.context.token_image + pos);
+                                    sksink[st * S::BN + r] = pos < 0 ? 0 : __ldg(a.mask.context.token_sink + pos);
+                                }
+                            }
+                        }
+                        if (ptid == 0) {
+                            smeta[2 * st] = short_tile && ld.kind == kSegFull ? kSegTail : ld.kind;
+                            smeta[2 * st + 1] = short_tile ? INT_MAX : min(ld.tile + S::BN, ld.hi) - 1;
+                        }
+                    }
+                    copy_commit();  // (empty for a bulk tile: the group count stays one per tile)
+                    ld.next(segs);
+                    if (i >= kDepth && !((bulk >> kDepth) & 1u)) {
+                        copy_wait<kDepth>();
+                        fence_proxy_async_shared();
+                        mbar_arrive(full_bar + (i - kDepth) % S::STAGES);
+                    }
+                    ++i;
+                }
+                copy_wait<0>();
+                fence_proxy_async_shared();
+                for (int k = max(0, i - kDepth); k < i; ++k)
+                    if (!((bulk >> (i - 1 - k)) & 1u)) mbar_arrive(full_bar + k % S::STAGES);
+                return;
+            }
             int i = 0;
             while (ld.valid) {
                 const int st = i % S::STAGES;
