@@ -983,6 +983,46 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
                     if (!((bulk >> (i - 1 - k)) & 1u)) mbar_arrive(full_bar + k % S::STAGES);
                 return;
             }
+            if (klist) {
+                // Token-sparse: rows gathered through the list (no mask metadata: no items), each row's byte
+                // offset as one 32 x 32 -> 64-bit multiply-add (row pitches < 4 GiB, checked on the host).
+                // (A loop of its own, as the bulk-copy loop above.)
+                int i = 0;
+                while (ld.valid) {
+                    const int st = i % S::STAGES;
+                    if (i >= S::STAGES) mbar_wait(empty_bar + st, static_cast<unsigned>((i / S::STAGES - 1) & 1));
+                    T* sk = skv + st * 2 * S::TILE;
+                    T* sv = sk + S::TILE;
+#pragma unroll
+                    for (int j = 0; j < PKPT; ++j) {
+                        const int r = r0 + j * PRPP;
+                        const bool ok = ld.tile + r < ld.hi;
+                        const int pos = ok ? ppos[j] : -1;
+                        const std::uint64_t p = pos < 0 ? 0u : static_cast<unsigned>(pos);
+                        copy16_async(sk + S::swz_kv(r, c), kbytes + p * kpitch, ok);
+                        copy16_async(sv + S::swz_kv(r, c), vbytes + p * vpitch, ok);
+                        if (c == 0) skpos[st * S::BN + r] = pos;
+                    }
+                    if (ptid == 0) {
+                        const bool short_tile = ld.tile + S::BN > ld.hi;
+                        smeta[2 * st] = short_tile && ld.kind == kSegFull ? kSegTail : ld.kind;
+                        smeta[2 * st + 1] = short_tile ? INT_MAX : plast;
+                    }
+                    copy_commit();
+                    ld.next(segs);
+                    pfetch();
+                    if (i >= kDepth) {
+                        copy_wait<kDepth>();
+                        fence_proxy_async_shared();
+                        mbar_arrive(full_bar + (i - kDepth) % S::STAGES);
+                    }
+                    ++i;
+                }
+                copy_wait<0>();
+                fence_proxy_async_shared();
+                for (int k = max(0, i - kDepth); k < i; ++k) mbar_arrive(full_bar + k % S::STAGES);
+                return;
+            }
             int i = 0;
             while (ld.valid) {
                 const int st = i % S::STAGES;
@@ -995,20 +1035,7 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
                 // one also takes full tiles without per-row checks and gathered rows by 32-bit pitches,
                 // which the mma.sync loop, not the bottleneck there, does not.)
                 const bool key_meta = masked && ld.kind == kSegGeneral;  // what general tiles' masks read of a key
-                if (klist) {  // token-sparse: rows gathered through the list (no mask metadata: no items)
-#pragma unroll
-                    for (int j = 0; j < PKPT; ++j) {
-                        const int r = r0 + j * PRPP;
-                        const bool ok = ld.tile + r < ld.hi;
-                        const int pos = ok ? ppos[j] : -1;
-                        // The row's byte offset as one 32 x 32 -> 64-bit multiply-add (row pitches < 4 GiB,
-                        // checked on the host).
-                        const std::uint64_t p = pos < 0 ? 0u : static_cast<unsigned>(pos);
-                        copy16_async(sk + S::swz_kv(r, c), kbytes + p * kpitch, ok);
-                        copy16_async(sv + S::swz_kv(r, c), vbytes + p * vpitch, ok);
-                        if (c == 0) skpos[st * S::BN + r] = pos;
-                    }
-                } else {
+                {
                     const T* kt = kbase + static_cast<std::int64_t>(ld.tile + r0) * a.k_s0 + c * 8;
                     const T* vt = vbase + static_cast<std::int64_t>(ld.tile + r0) * a.v_s0 + c * 8;
                     if (!short_tile && !key_meta) {  // every row present (the usual tile): no per-row checks
@@ -1041,11 +1068,10 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
                 if (ptid == 0) {
                     const int last_e = min(ld.tile + S::BN, ld.hi) - 1;
                     smeta[2 * st] = short_tile && ld.kind == kSegFull ? kSegTail : ld.kind;
-                    smeta[2 * st + 1] = short_tile ? INT_MAX : (klist ? plast : last_e);
+                    smeta[2 * st + 1] = short_tile ? INT_MAX : last_e;
                 }
                 copy_commit();
                 ld.next(segs);
-                pfetch();
                 if (i >= kDepth) {  // tile i - kDepth is complete: fence it for wgmma, signal its stage
                     copy_wait<kDepth>();
                     fence_proxy_async_shared();
