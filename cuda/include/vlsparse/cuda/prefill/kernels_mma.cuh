@@ -6,7 +6,8 @@
 //     warpgroup, 64 m rows) issues S = Q K^T as wgmma m64n64k16 (Q from registers, K read by the
 //     tensor cores straight from shared memory through a matrix descriptor) and O += P V as m64n{D}k16
 //     (P from registers, V transposed by the instruction). Warp-specialized: a third warpgroup only copies the
-//     key tiles (cp.async, handed over through mbarriers), the two compute warpgroups run without a
+//     key tiles (the bulk tensor copy engine for whole tiles of positions, cp.async for the others;
+//     handed over through mbarriers), the two compute warpgroups run without a
 //     block barrier and take turns on the tensor cores (ping-pong). Compiled without sm_90a
 //     (__CUDA_ARCH_FEAT_SM90_ALL undefined), the WG instantiation runs the mma.sync loop on its first
 //     8 warps.
@@ -34,8 +35,8 @@
 //     marked kCausal whose last key lies at or before every row of the block runs unmasked;
 //   - kDiagonal (block-sparse): row r sees the one key r - delta of the segment; not tiled, computed
 //     per row on the CUDA cores after the tiles.
-// K and V tiles go through a ring in shared memory (cp.async, XOR-swizzled 16-byte chunks; 3 stages for
-// mma.sync, 5 for wgmma); the positions of the next tile's rows are fetched one tile ahead.
+// K and V tiles go through a ring in shared memory (cp.async or, wgmma path, TMA; XOR-swizzled 16-byte
+// chunks; 3 stages for mma.sync, 5 for wgmma); the positions of the next tile's rows are fetched one tile ahead.
 //
 // Outputs: o = (sum p v) / (sum p), 0 for a row that sees no key; rounded to the output type. With a
 // status pointer, a non-finite output (NaN / Inf in what was read, an fp32 overflow of a score) sets
