@@ -73,8 +73,14 @@ public:
     }
     template <class F>
     double median_us(F&& call, int warmup, int reps) {
+        return median_us(call, warmup, reps, [] {});
+    }
+    // The same with `setup` run before each flush, untimed (e.g. restoring what the call changes in place).
+    template <class F, class Setup>
+    double median_us(F&& call, int warmup, int reps, Setup&& setup) {
         std::vector<float> t;
         for (int r = 0; r < warmup + reps; ++r) {
+            setup();
             if (read_) {
                 bench_read_flush<><<<1056, 512>>>(static_cast<const uint4*>(flush_), kFlushBytes / 16, static_cast<unsigned*>(flush_));
                 VLSPARSE_BENCH_CK(cudaGetLastError());

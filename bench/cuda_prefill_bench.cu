@@ -17,9 +17,15 @@
 //                          256-token frames + 64 text
 //   zipvl_keep50           sparse_prefill_attention over a random shared list of half the positions
 //                          (the last kept), unselected rows zero
+//   zipvl_keep50_kept      the same lists over k, v compacted to them beforehand (untimed):
+//                          sparse_prefill_attention_kept
 //   zipvl_e2e50            ZipVL's selection on the GPU (fixed ratio 0.5, 64 + 64 probes) followed by the
 //                          token-sparse prefill over its lists: what a ZipVL layer costs
 //   zipvl_select50         its selection alone; zipvl_selprefill50: its prefill alone, over the kept lists
+//   zipvl_e2e50_kept       ZipVL's layer in the order an evicting engine runs it: the selection, the
+//                          eviction (cuda::kv_batch_compact of the contiguous cache to the kept list, in
+//                          place) and sparse_prefill_attention_kept over the kept rows (the cache is
+//                          restored before each call, untimed)
 // The PyTorch side (SDPA cuDNN / flash dense causal, FlexAttention with the same masks, gather + SDPA) is
 // bench/torch_prefill_bench.py, reading the mask descriptions this program writes (--masks DIR: one
 // JSON file per mask case and n, with the exact allowed-pair count it checks its own mask against);
@@ -45,6 +51,7 @@
 
 #include <vlsparse/core/rng.hpp>
 #include <vlsparse/cuda/blindsight.cuh>
+#include <vlsparse/cuda/kv_cache.cuh>
 #include <vlsparse/cuda/prefill.cuh>
 #include <vlsparse/cuda/zipvl.cuh>
 #include <vlsparse/masks/flops.hpp>
@@ -255,17 +262,33 @@ int main(int argc, char** argv) {
             row("vlsparse", "purekv_st", us, plan.allowed_pairs(), note);
         }
         // ZipVL: token-sparse prefill over a random half, and selection + prefill at a fixed ratio of 0.5.
-        if (want("zipvl_keep50")) {
+        if (want("zipvl_keep50") || want("zipvl_keep50_kept")) {
             std::vector<std::int32_t> idx;
             for (std::int64_t j = 0; j < n; ++j)
                 if (j == n - 1 || rng.uniform() < 0.5) idx.push_back(static_cast<std::int32_t>(j));
             const std::vector<std::int32_t> indptr{0, static_cast<std::int32_t>(idx.size())};
             cuda::DeviceArray<std::int32_t> ip(indptr), ix(idx);
             const cuda::DeviceTokenLists lists{n, indptr, ip.data(), ix.data()};
-            const double us =
-                timed([&] { cuda::sparse_prefill_attention(qv, kv, vv, lists, ov, UnselectedRows::zero, opt); });
             const auto m = static_cast<std::int64_t>(idx.size());
-            row("vlsparse", "zipvl_keep50", us, H * m * (m + 1) / 2, "kept " + std::to_string(m) + "; unselected zero");
+            if (want("zipvl_keep50")) {
+                const double us =
+                    timed([&] { cuda::sparse_prefill_attention(qv, kv, vv, lists, ov, UnselectedRows::zero, opt); });
+                row("vlsparse", "zipvl_keep50", us, H * m * (m + 1) / 2, "kept " + std::to_string(m) + "; unselected zero");
+            }
+            if (want("zipvl_keep50_kept")) {  // the same over k, v compacted to the list beforehand (untimed)
+                std::vector<bfloat16> kk(static_cast<std::size_t>(m * Hkv * d)), vk(kk.size());
+                for (std::int64_t e = 0; e < m; ++e)
+                    for (std::int64_t c = 0; c < Hkv * d; ++c) {
+                        kk[static_cast<std::size_t>(e * Hkv * d + c)] = k[static_cast<std::size_t>(idx[static_cast<std::size_t>(e)] * Hkv * d + c)];
+                        vk[static_cast<std::size_t>(e * Hkv * d + c)] = v[static_cast<std::size_t>(idx[static_cast<std::size_t>(e)] * Hkv * d + c)];
+                    }
+                cuda::DeviceArray<bfloat16> kkd(kk), vkd(vk);
+                const View3<const bfloat16> kkv(kkd.data(), {m, Hkv, d}), vkv(vkd.data(), {m, Hkv, d});
+                const double us = timed(
+                    [&] { cuda::sparse_prefill_attention_kept(qv, kkv, vkv, lists, ov, UnselectedRows::zero, opt); });
+                row("vlsparse", "zipvl_keep50_kept", us, H * m * (m + 1) / 2,
+                    "kept " + std::to_string(m) + " (k, v compacted to them beforehand); unselected zero");
+            }
         }
         if (want("zipvl_e2e50")) {
             cuda::ZipVLSelector sel;
@@ -282,6 +305,43 @@ int main(int argc, char** argv) {
             });
             row("vlsparse", "zipvl_e2e50", us, H * kept * (kept + 1) / 2,
                 "selection (fixed ratio 0.5; probes 64+64) + token-sparse prefill; kept " + std::to_string(kept));
+        }
+        if (want("zipvl_e2e50_kept")) {
+            cuda::ZipVLSelector sel;
+            ZipVLParams P;
+            P.ratio = ZipVLRatio::fixed;
+            P.fixed_ratio = 0.5;
+            const Layout layout = Layout::parse("image:" + std::to_string(n));
+            // The layer's cache (one contiguous sequence), restored from kd / vd before every call.
+            cuda::DeviceArray<bfloat16> kw(k.size()), vw(v.size());
+            const std::vector<std::int32_t> n_host{static_cast<std::int32_t>(n)};
+            cuda::DeviceArray<std::int32_t> lens_dev(n_host), lens0(n_host);
+            std::vector<std::int32_t> lens = n_host;
+            auto restore = [&] {
+                VLSPARSE_BENCH_CK(cudaMemcpyAsync(kw.data(), kd.data(), k.size() * sizeof(bfloat16), cudaMemcpyDeviceToDevice));
+                VLSPARSE_BENCH_CK(cudaMemcpyAsync(vw.data(), vd.data(), v.size() * sizeof(bfloat16), cudaMemcpyDeviceToDevice));
+                VLSPARSE_BENCH_CK(cudaMemcpyAsync(lens_dev.data(), lens0.data(), sizeof(std::int32_t), cudaMemcpyDeviceToDevice));
+                lens = n_host;
+            };
+            const KvBatchView<bfloat16> cache =
+                contiguous_kv_batch<bfloat16>(kw.data(), vw.data(), 1, n, static_cast<std::int32_t>(Hkv), static_cast<std::int32_t>(d), lens_dev.data());
+            cuda::KvUpdateOptions ko;
+            ko.check_inputs = false;
+            std::int64_t kept = 0;
+            const double us = timer.median_us(
+                [&] {
+                    const View3<const bfloat16> kwv(kw.data(), {n, Hkv, d});
+                    const auto& s = sel.select(qv, kwv, layout, 1, P);
+                    kept = s.indptr.back();
+                    cuda::kv_batch_compact(cache, std::span<std::int32_t>(lens), s.indptr, s.indptr_dev, s.indices,
+                                           std::span<std::int32_t>{}, {}, nullptr, ko);
+                    const View3<const bfloat16> kk(kw.data(), {kept, Hkv, d}), vk(vw.data(), {kept, Hkv, d});
+                    cuda::sparse_prefill_attention_kept(qv, kk, vk, cuda::DeviceTokenLists{n, s.indptr, s.indptr_dev, s.indices},
+                                                        ov, UnselectedRows::zero, opt);
+                },
+                warmup, reps, restore);
+            row("vlsparse", "zipvl_e2e50_kept", us, H * kept * (kept + 1) / 2,
+                "selection + eviction (kv_batch_compact in place) + prefill over the kept rows; kept " + std::to_string(kept));
         }
         // The two halves of zipvl_e2e50 timed apart: the selection alone (its one synchronization
         // included), and the token-sparse prefill over the lists that selection kept (made once, untimed).

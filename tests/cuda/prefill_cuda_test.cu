@@ -132,9 +132,11 @@ struct DeviceQkv {
     }
 };
 
-// On the wgmma path (automatic), whole key tiles of the dense and block-sparse front ends come by the
-// bulk tensor copy; `launch` run again with the cp.async copies (bulk_copy = false) into a freshly
-// poisoned output must give the same bits: the two ways only move the same bytes.
+// On the wgmma path (automatic), whole key tiles of the dense, block-sparse and kept-keys front ends come
+// by the bulk tensor copy; `launch` run again with the cp.async copies (bulk_copy = false) into a freshly
+// poisoned output must give the same bits: the two ways only move the same bytes. (That the bulk copies
+// run at all where wgmma does is checked by "the instruction path": the driver must provide the
+// tensor-map encoder.)
 template <class T, class Launch>
 void check_bulk_copy_bits(DeviceQkv<T>& dv, const Launch& launch, const std::string& what) {
     if (g_kernel != cuda::PrefillKernel::automatic) return;
@@ -252,9 +254,48 @@ void run_sparse(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::int64_t d
     std::vector<double> ref(static_cast<std::size_t>(n * H * d));
     reference::sparse_attention(host_view(x.q, n, H, d), host_view(x.k, n, Hkv, d), host_view(x.v, n, Hkv, d), L.sel,
                                 View3<double>(ref.data(), {n, H, d}), un);
-    check_output(dv.out.download(), ref, x, fill,
-                 std::string("token-sparse, ") + (groups == 1 ? "shared list" : "per-KV-head lists") + ", ratio " +
-                     std::to_string(ratio) + (un == UnselectedRows::zero ? ", unselected zero" : ", attend_selected"));
+    const std::string what = std::string("token-sparse, ") + (groups == 1 ? "shared list" : "per-KV-head lists") +
+                             ", ratio " + std::to_string(ratio) +
+                             (un == UnselectedRows::zero ? ", unselected zero" : ", attend_selected");
+    const std::vector<float> got = dv.out.download();
+    check_output(got, ref, x, fill, what);
+
+    // Kept keys: k and v compacted to the lists (head g's rows 0 .. |T_g| - 1; the rows past a shorter
+    // list poisoned with 0xff bytes, NaN, which no key tile may read) give the same output bit for bit.
+    std::int64_t longest = 1;
+    for (std::int64_t g = 0; g < groups; ++g) longest = std::max<std::int64_t>(longest, L.indptr[g + 1] - L.indptr[g]);
+    std::vector<T> kk(static_cast<std::size_t>(longest * Hkv * d)), vk(kk.size());
+    std::memset(static_cast<void*>(kk.data()), 0xff, kk.size() * sizeof(T));
+    std::memset(static_cast<void*>(vk.data()), 0xff, vk.size() * sizeof(T));
+    for (std::int64_t h = 0; h < Hkv; ++h) {
+        const std::int64_t g = groups == 1 ? 0 : h;
+        for (std::int64_t e = 0; e < L.indptr[g + 1] - L.indptr[g]; ++e) {
+            const std::int64_t pos = L.indices[static_cast<std::size_t>(L.indptr[g] + e)];
+            for (std::int64_t c = 0; c < d; ++c) {
+                kk[static_cast<std::size_t>((e * Hkv + h) * d + c)] = x.k[static_cast<std::size_t>((pos * Hkv + h) * d + c)];
+                vk[static_cast<std::size_t>((e * Hkv + h) * d + c)] = x.v[static_cast<std::size_t>((pos * Hkv + h) * d + c)];
+            }
+        }
+    }
+    cuda::DeviceArray<T> kkd(kk), vkd(vk);
+    const View3<const T> kkv(kkd.data(), {longest, Hkv, d}), vkv(vkd.data(), {longest, Hkv, d});
+    auto kept = [&](const cuda::PrefillOptions& o) {
+        dv.out.fill_bytes(0xff);
+        cuda::sparse_prefill_attention_kept(dv.qv, kkv, vkv, lists, dv.ov, un, o);
+        const std::vector<float> k2 = dv.out.download();
+        INFO(what << " (" << type_name<T>() << ", " << kernel_name() << (o.bulk_copy ? "" : ", cp.async")
+                  << "): kept keys against keys read through the lists");
+        REQUIRE(k2.size() == got.size());
+        std::size_t differ = 0;
+        for (std::size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &k2[i], sizeof(float)) != 0;
+        CHECK(differ == 0);
+    };
+    kept(opts());
+    if (g_kernel == cuda::PrefillKernel::automatic && !std::is_same_v<T, float>) {
+        cuda::PrefillOptions o = opts();
+        o.bulk_copy = false;
+        kept(o);
+    }
 }
 
 // ---- block-sparse ------------------------------------------------------------------------------------
@@ -715,6 +756,9 @@ TEST_CASE("cuda prefill: the instruction path", "[cuda][prefill]") {
     REQUIRE(cudaGetDevice(&dev) == cudaSuccess);
     REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess);
     if (major != 9) CHECK_FALSE(wg);
+    // Where wgmma runs, the bulk tensor copies must too (else check_bulk_copy_bits compares cp.async with
+    // itself): the driver gives the tensor-map encoder.
+    if (wg) CHECK(cuda::detail::tensor_map_encoder() != nullptr);
 }
 
 TEST_CASE("cuda prefill: errors", "[cuda][prefill]") {
@@ -813,6 +857,16 @@ TEST_CASE("cuda prefill: errors", "[cuda][prefill]") {
         REQUIRE_THROWS_WITH(cuda::sparse_prefill_attention(dv.qv, dv.kv, dv.vv, cuda::DeviceTokenLists{n, wrong, ip.data(), ix.data()}, dv.ov),
                             Contains("differs from the host indptr"));
         REQUIRE_NOTHROW(cuda::sparse_prefill_attention(dv.qv, dv.kv, dv.vv, cuda::DeviceTokenLists{n, indptr, ip.data(), ix.data()}, dv.ov));
+        // Kept keys: as many rows as the longest list at least; the lists are checked as above.
+        const View3<const bfloat16> k2(dv.k.data(), {2, Hkv, d}), v2(dv.v.data(), {2, Hkv, d});
+        REQUIRE_THROWS_WITH(cuda::sparse_prefill_attention_kept(dv.qv, k2, v2, cuda::DeviceTokenLists{n, indptr, ip.data(), ix.data()}, dv.ov),
+                            Contains("k_kept has 2 rows and the longest list 3 entries"));
+        const View3<const bfloat16> k3(dv.k.data(), {3, Hkv, d}), v3(dv.v.data(), {3, Hkv, d});
+        REQUIRE_NOTHROW(cuda::sparse_prefill_attention_kept(dv.qv, k3, v3, cuda::DeviceTokenLists{n, indptr, ip.data(), ix.data()}, dv.ov));
+        idx = {1, 5, 5};
+        ix.upload(idx);
+        REQUIRE_THROWS_WITH(cuda::sparse_prefill_attention_kept(dv.qv, k3, v3, cuda::DeviceTokenLists{n, indptr, ip.data(), ix.data()}, dv.ov),
+                            Contains("list 0 entry 2: expected ascending unique positions in [0, 64)"));
     }
     // Masked plans.
     {

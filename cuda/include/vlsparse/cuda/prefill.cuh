@@ -127,7 +127,7 @@ bool prefill_on_tensor_cores(std::int64_t d, const PrefillOptions& opt) {
 
 template <class T, class TO>
 void prefill_common(View3<const T> q, View3<const T> k, View3<const T> v, View3<TO> out, const PrefillOptions& opt,
-                    PrefillArgs& a, const char* fn) {
+                    PrefillArgs& a, const char* fn, bool kept_keys = false) {
     using ::vlsparse::detail::require;
     static_assert(ElementType<T>, "the GPU prefill takes fp32, bf16 or fp16 q, k, v");
     const std::int64_t nq = q.shape[0], H = q.shape[1], d = q.shape[2], nk = k.shape[0], Hkv = k.shape[1];
@@ -135,7 +135,7 @@ void prefill_common(View3<const T> q, View3<const T> k, View3<const T> v, View3<
     // aliasing), then what only the GPU kernels ask for.
     ::vlsparse::detail::check_qkv(q, k, v, fn);
     ::vlsparse::detail::check_out3(out, {nq, H, d}, q, k, v, fn, "out");
-    require(nq <= nk, fn, "q has ", nq, " tokens and k has ", nk, ", expected n_q <= n_k");
+    require(kept_keys || nq <= nk, fn, "q has ", nq, " tokens and k has ", nk, ", expected n_q <= n_k");
     require(nk <= (std::int64_t{1} << 30), fn, "k has ", nk, " tokens, at most 2^30 are supported");
     require(d <= kPrefillSimtMaxDim, fn, "head_dim = ", d, "; the GPU prefill takes head dims up to ", kPrefillSimtMaxDim,
             " (64 and 128 on the tensor cores)");
@@ -235,11 +235,11 @@ void launch_prefill_kernel(PrefillArgs a, dim3 grid, bool bulk_copy, cudaStream_
     check_cuda(cudaFuncSetAttribute(prefill_mma_kernel<T, TO, D, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem)),
                fn, "cudaFuncSetAttribute");
-    // Whole tiles by the bulk tensor copy where both tensor maps can be made (token-sparse launches gather
-    // their rows: cp.async).
+    // Whole tiles by the bulk tensor copy where both tensor maps can be made (token-sparse launches that
+    // gather their rows: cp.async; kept keys are whole tiles of rows).
     a.tma = 0;
     if constexpr (WG) {
-        if (bulk_copy && !a.keys_list && encode_kv_tensor_map<T, D>(a.tmap_k, a.k, a.n_k, a.Hkv, a.k_s0, a.k_s1) &&
+        if (bulk_copy && (!a.keys_list || a.keys_kept) && encode_kv_tensor_map<T, D>(a.tmap_k, a.k, a.n_k, a.Hkv, a.k_s0, a.k_s1) &&
             encode_kv_tensor_map<T, D>(a.tmap_v, a.v, a.n_k, a.Hkv, a.v_s0, a.v_s1))
             a.tma = 1;
     }
@@ -331,21 +331,20 @@ void dense_prefill_attention(View3<const T> q, View3<const T> k, View3<const T> 
     detail::launch_prefill<T, TO>(a, static_cast<int>(q.shape[2]), grid, opt, stream, fn);
 }
 
-// Token-sparse prefill (ZipVL), n_q == n_k == lists.n: query head h of KV head g with kept list T_g
-// (lists.lists() == 1: one list for all) -- a query i in T_g attends to the keys j in T_g with j <= i;
-// a query not in T_g is written as zero (UnselectedRows::zero) or attends to the keys of T_g at or
-// before it (attend_selected; none: zero). As reference::sparse_attention.
+namespace detail {
+
+// The two token-sparse front ends: keys read through the lists (kept = false) or kept keys, row e of k / v
+// being entry e of the list (kept = true).
 template <ElementType T, OutputElement TO>
     requires ElementType<TO>
-void sparse_prefill_attention(View3<const T> q, View3<const T> k, View3<const T> v, const DeviceTokenLists& lists,
-                              View3<TO> out, UnselectedRows unselected = UnselectedRows::zero,
-                              const PrefillOptions& opt = {}, cudaStream_t stream = nullptr) {
-    constexpr const char* fn = "cuda::sparse_prefill_attention";
+void sparse_prefill(View3<const T> q, View3<const T> k, View3<const T> v, const DeviceTokenLists& lists, View3<TO> out,
+                    UnselectedRows unselected, const PrefillOptions& opt, cudaStream_t stream, bool kept, const char* fn) {
     using ::vlsparse::detail::require;
-    detail::PrefillArgs a;
-    detail::prefill_common(q, k, v, out, opt, a, fn);
+    PrefillArgs a;
+    prefill_common(q, k, v, out, opt, a, fn, kept);
     const std::int64_t n = q.shape[0];
-    require(k.shape[0] == n, fn, "q has ", n, " tokens and k has ", k.shape[0], ", expected equal (token-sparse prefill)");
+    if (!kept)
+        require(k.shape[0] == n, fn, "q has ", n, " tokens and k has ", k.shape[0], ", expected equal (token-sparse prefill)");
     require(lists.n == n, fn, "the lists refer to ", lists.n, " tokens, the input has ", n);
     const std::int64_t L = lists.lists();
     require(L == 1 || L == a.Hkv, fn, "got ", L, " lists, expected 1 (shared) or H_kv = ", a.Hkv);
@@ -361,23 +360,26 @@ void sparse_prefill_attention(View3<const T> q, View3<const T> k, View3<const T>
                 " .. ", lists.indptr[static_cast<std::size_t>(l) + 1], "), expected 0 .. n = ", n);
         longest = std::max(longest, c);
     }
+    if (kept)
+        require(k.shape[0] >= longest, fn, "k_kept has ", k.shape[0], " rows and the longest list ", longest,
+                " entries: list g's keys are rows 0 .. |T_g| - 1 of k_kept and v_kept");
     if (opt.check_inputs && lists.indptr.back() > 0) {
         long long* rep = nullptr;
         std::int32_t* host_copy = nullptr;
         const std::size_t ib = lists.indptr.size() * sizeof(std::int32_t);
-        detail::check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&rep), sizeof(long long) + ib, stream), fn,
+        check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&rep), sizeof(long long) + ib, stream), fn,
                            "cudaMallocAsync");
         host_copy = reinterpret_cast<std::int32_t*>(rep + 1);
-        detail::check_cuda(cudaMemsetAsync(rep, 0xff, sizeof(long long), stream), fn, "cudaMemsetAsync");
-        detail::check_cuda(cudaMemcpyAsync(host_copy, lists.indptr.data(), ib, cudaMemcpyHostToDevice, stream), fn,
+        check_cuda(cudaMemsetAsync(rep, 0xff, sizeof(long long), stream), fn, "cudaMemsetAsync");
+        check_cuda(cudaMemcpyAsync(host_copy, lists.indptr.data(), ib, cudaMemcpyHostToDevice, stream), fn,
                            "cudaMemcpyAsync");
-        detail::prefill_check_lists_kernel<><<<static_cast<unsigned>(L), 256, 0, stream>>>(
+        prefill_check_lists_kernel<><<<static_cast<unsigned>(L), 256, 0, stream>>>(
             lists.indptr_dev, lists.indices, host_copy, static_cast<int>(L), static_cast<int>(n), rep);
-        detail::check_launch(fn, "prefill_check_lists_kernel");
+        check_launch(fn, "prefill_check_lists_kernel");
         unsigned long long r = 0;
-        detail::check_cuda(cudaMemcpyAsync(&r, rep, sizeof(r), cudaMemcpyDeviceToHost, stream), fn, "cudaMemcpyAsync");
-        detail::check_cuda(cudaFreeAsync(rep, stream), fn, "cudaFreeAsync");
-        detail::check_cuda(cudaStreamSynchronize(stream), fn, "cudaStreamSynchronize");
+        check_cuda(cudaMemcpyAsync(&r, rep, sizeof(r), cudaMemcpyDeviceToHost, stream), fn, "cudaMemcpyAsync");
+        check_cuda(cudaFreeAsync(rep, stream), fn, "cudaFreeAsync");
+        check_cuda(cudaStreamSynchronize(stream), fn, "cudaStreamSynchronize");
         if (r != ~0ull) {
             const auto l = static_cast<std::int64_t>(r >> 32), e = static_cast<std::int64_t>(r & 0xffffffffu);
             require(e != 0xffffffff, fn, "the device indptr of list ", l, " differs from the host indptr");
@@ -388,6 +390,7 @@ void sparse_prefill_attention(View3<const T> q, View3<const T> k, View3<const T>
     a.keys_list = lists.indices;
     a.keys_indptr = lists.indptr_dev;
     a.keys_per_group = L == 1 ? 0 : 1;
+    a.keys_kept = kept ? 1 : 0;
     a.q_offset = 0;
     std::int64_t rows = longest;
     if (unselected == UnselectedRows::attend_selected) {
@@ -399,15 +402,46 @@ void sparse_prefill_attention(View3<const T> q, View3<const T> k, View3<const T>
         a.rows_per_group = a.keys_per_group;
         const std::int64_t total = out.shape[0] * out.shape[1] * out.shape[2];
         const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((total + 255) / 256, 4096));
-        detail::prefill_zero_kernel<TO><<<blocks, 256, 0, stream>>>(out.data, out.shape[0], static_cast<int>(out.shape[1]),
+        prefill_zero_kernel<TO><<<blocks, 256, 0, stream>>>(out.data, out.shape[0], static_cast<int>(out.shape[1]),
                                                                    static_cast<int>(out.shape[2]), out.stride[0],
                                                                    out.stride[1], out.stride[2]);
-        detail::check_launch(fn, "prefill_zero_kernel");
+        check_launch(fn, "prefill_zero_kernel");
     }
     const std::int64_t m = rows * a.hp;
-    const dim3 grid(static_cast<unsigned>((m + detail::kPrefillRows - 1) / detail::kPrefillRows),
+    const dim3 grid(static_cast<unsigned>((m + kPrefillRows - 1) / kPrefillRows),
                     static_cast<unsigned>(a.Hkv));
-    detail::launch_prefill<T, TO>(a, static_cast<int>(q.shape[2]), grid, opt, stream, fn);
+    launch_prefill<T, TO>(a, static_cast<int>(q.shape[2]), grid, opt, stream, fn);
+}
+
+}  // namespace detail
+
+// Token-sparse prefill (ZipVL), n_q == n_k == lists.n: query head h of KV head g with kept list T_g
+// (lists.lists() == 1: one list for all) -- a query i in T_g attends to the keys j in T_g with j <= i;
+// a query not in T_g is written as zero (UnselectedRows::zero) or attends to the keys of T_g at or
+// before it (attend_selected; none: zero). As reference::sparse_attention. The kept rows of q, k and v
+// are read in place through the lists.
+template <ElementType T, OutputElement TO>
+    requires ElementType<TO>
+void sparse_prefill_attention(View3<const T> q, View3<const T> k, View3<const T> v, const DeviceTokenLists& lists,
+                              View3<TO> out, UnselectedRows unselected = UnselectedRows::zero,
+                              const PrefillOptions& opt = {}, cudaStream_t stream = nullptr) {
+    detail::sparse_prefill(q, k, v, lists, out, unselected, opt, stream, false, "cuda::sparse_prefill_attention");
+}
+
+// The same attention over kept keys: row e of k_kept / v_kept (KV head g) holds the key and value of
+// position T_g[e] (rows 0 .. |T_g| - 1; k_kept has at least as many rows as the longest list) -- the cache
+// as ZipVL's eviction leaves it (cuda::kv_batch_compact with the same list), or a copy of the kept rows.
+// q and out are the full [n, H, d] as above (queries read through the lists). The results are those of
+// sparse_prefill_attention over the uncompacted k, v, bit for bit; the keys come as whole tiles of rows
+// (on Hopper by the bulk tensor copy) instead of gathered rows.
+template <ElementType T, OutputElement TO>
+    requires ElementType<TO>
+void sparse_prefill_attention_kept(View3<const T> q, View3<const T> k_kept, View3<const T> v_kept,
+                                   const DeviceTokenLists& lists, View3<TO> out,
+                                   UnselectedRows unselected = UnselectedRows::zero, const PrefillOptions& opt = {},
+                                   cudaStream_t stream = nullptr) {
+    detail::sparse_prefill(q, k_kept, v_kept, lists, out, unselected, opt, stream, true,
+                           "cuda::sparse_prefill_attention_kept");
 }
 
 // The block-sparse description of one prompt's per-head masks on the device: query blocks (each text

@@ -134,6 +134,9 @@ struct PrefillArgs {
     const std::int32_t* keys_list = nullptr;
     const std::int32_t* keys_indptr = nullptr;
     int keys_per_group = 0;
+    // Kept keys (with keys_list): entry e of group g's list is row e of k / v (head g) -- a cache already
+    // compacted to the list, as ZipVL's eviction leaves it --, its position keys_list[e]. 0: row keys_list[e].
+    int keys_kept = 0;
     // Block-sparse: items (grid.x = n_items, hp = 1) with their segments, and the mask.
     const PrefillItem* items = nullptr;
     const PrefillSegment* segs = nullptr;
@@ -143,6 +146,7 @@ struct PrefillArgs {
     // with the 128-byte swizzle (one box per 64-column plane of a tile). tma = 1: every whole tile whose
     // entries are positions (dense, block-sparse without key metadata) is copied by one thread through
     // them; short tiles, gathered rows (token-sparse) and tiles with key metadata keep the cp.async copies.
+    // Kept keys (keys_kept) are whole tiles of rows too: copied the same way, their positions from the list.
     CUtensorMap tmap_k{}, tmap_v{};
     int tma = 0;
 };
@@ -656,7 +660,7 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
             const int e = ld.tile + r;
             const bool ok = e < ld.hi;
             const int pos = ok ? (klist ? kpf[i] : e) : -1;
-            const std::int64_t p = pos < 0 ? 0 : pos;
+            const std::int64_t p = pos < 0 ? 0 : (a.keys_kept ? e : pos);  // the source row
             copy16_async(sk + S::swz_kv(r, c), kbase + p * a.k_s0 + c * 8, ok);
             copy16_async(sv + S::swz_kv(r, c), vbase + p * a.v_s0 + c * 8, ok);
             if (c == 0) {
@@ -911,16 +915,26 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
             // (kDepth <= STAGES - 3: signalling tile i - kDepth must not wait for a stage that the compute
             // warps release only after they have used tile i - kDepth; 3 in flight with 5 stages was 30% slower.)
             constexpr int kDepth = 2;
-            if (a.tma != 0 && !klist) {
+            if ((a.tma != 0 && !klist) || a.keys_kept) {
                 // Whole tiles by the bulk tensor copy (entries are positions: dense, block-sparse). Per tile:
                 // the first BN threads write the positions, thread 0 the kind and last position, arms the stage's
                 // full barrier with the tile's bytes and issues one box per 64-column plane of K and of V; the
                 // other threads arrive at once (the phase then completes when the bytes have landed). Short
                 // tiles and tiles with key metadata: cp.async, signalled kDepth tiles later. `bulk`: which of
-                // the last tiles went by the copy engine (bit j: tile i - j). (A loop of its own: folded into
+                // the last tiles went by the copy engine (bit j: tile i - j). Kept keys (rows of a compacted
+                // cache) take this loop too, with or without the copy engine: their positions are the list's,
+                // fetched one tile ahead by the first BN threads (kent) and thread 0 (klast). (A loop of its own: folded into
                 // the cp.async loop below, it made that loop 1-9% slower for the token-sparse and cp.async
                 // tiles, H200.)
                 unsigned bulk = 0;
+                int kent = -1, klast = 0;
+                auto kfetch = [&]() {  // kept keys: the list entries of the cursor's tile this thread writes
+                    if (!klist || !ld.valid) return;
+                    const int e = ld.tile + ptid;
+                    if (ptid < S::BN) kent = e < ld.hi ? __ldg(klist + e) : -1;
+                    if (ptid == 0) klast = __ldg(klist + min(ld.tile + S::BN, ld.hi) - 1);
+                };
+                kfetch();
                 int i = 0;
                 while (ld.valid) {
                     const int st = i % S::STAGES;
@@ -929,13 +943,13 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
                     T* sk = skv + st * 2 * S::TILE;
                     T* sv = sk + S::TILE;
                     const bool key_meta = masked && ld.kind == kSegGeneral;
-                    const bool by_tma = !short_tile && !key_meta;
+                    const bool by_tma = a.tma != 0 && !short_tile && !key_meta;
                     bulk = (bulk << 1) | (by_tma ? 1u : 0u);
                     if (by_tma) {
-                        if (ptid < S::BN) skpos[st * S::BN + ptid] = ld.tile + ptid;
+                        if (ptid < S::BN) skpos[st * S::BN + ptid] = klist ? kent : ld.tile + ptid;
                         if (ptid == 0) {
                             smeta[2 * st] = ld.kind;
-                            smeta[2 * st + 1] = ld.tile + S::BN - 1;
+                            smeta[2 * st + 1] = klist ? klast : ld.tile + S::BN - 1;
                             mbar_arrive_expect_tx(full_bar + st, static_cast<unsigned>(2 * S::TILE * sizeof(T)));
 #pragma unroll
                             for (int pl = 0; pl < D / 64; ++pl) {
@@ -955,7 +969,7 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
                             const bool ok = e < ld.hi;
                             copy16_async(sk + S::swz_kv(r, c), ok ? kt + j * kstride : kbase, ok);
                             copy16_async(sv + S::swz_kv(r, c), ok ? vt + j * vstride : vbase, ok);
-                            if (c == 0) {
+                            if (c == 0 && !klist) {
                                 const int pos = ok ? e : -1;
                                 skpos[st * S::BN + r] = pos;
                                 if (key_meta) {
@@ -964,13 +978,15 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
                                 }
                             }
                         }
+                        if (klist && ptid < S::BN) skpos[st * S::BN + ptid] = kent;  // (-1 past the list's end)
                         if (ptid == 0) {
                             smeta[2 * st] = short_tile && ld.kind == kSegFull ? kSegTail : ld.kind;
-                            smeta[2 * st + 1] = short_tile ? INT_MAX : min(ld.tile + S::BN, ld.hi) - 1;
+                            smeta[2 * st + 1] = short_tile ? INT_MAX : (klist ? klast : min(ld.tile + S::BN, ld.hi) - 1);
                         }
                     }
                     copy_commit();  // (empty for a bulk tile: the group count stays one per tile)
                     ld.next(segs);
+                    kfetch();
                     if (i >= kDepth && !((bulk >> kDepth) & 1u)) {
                         copy_wait<kDepth>();
                         fence_proxy_async_shared();

@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_simt_kernel(const Pre
                 }
                 for (int x = tid; x < nk * d; x += kPrefillThreads) {
                     const int kk = x / d, c = x - kk * d;
-                    const int j = w.klist ? __ldg(w.klist + e0 + kk) : e0 + kk;
+                    const int j = w.klist && !a.keys_kept ? __ldg(w.klist + e0 + kk) : e0 + kk;  // the source row
                     sk[kk][c] = load_f(kbase + static_cast<std::int64_t>(j) * a.k_s0 + c);
                     sv[kk][c] = load_f(vbase + static_cast<std::int64_t>(j) * a.v_s0 + c);
                 }
