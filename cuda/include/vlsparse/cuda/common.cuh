@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -191,6 +192,54 @@ __device__ __forceinline__ void store_f(bfloat16* p, float x) {
     if ((u & 0x7fffffffu) > 0x7f800000u) b = static_cast<unsigned short>((u >> 16) | 0x40u);
     else b = static_cast<unsigned short>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
     *reinterpret_cast<unsigned short*>(p) = b;
+}
+
+// ---- tensor-core fragments (mma.sync m16n8k16, ldmatrix), shared by the decode, selection and prefill
+// kernels. T: bfloat16 or half.
+// c += A B for one m16n8k16 tile (A: 4 registers of T pairs, B: 2; fp32 accumulators).
+template <class T>
+__device__ __forceinline__ void mma_m16n8k16(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                             unsigned b0, unsigned b1) {
+    if constexpr (std::is_same_v<T, bfloat16>)
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    else
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// The same with A as one 4-register quad the caller keeps whole. (The decode kernel's A rows 8..15 are
+// zero: with a0 and a2 passed alone and constant zeros for a1 and a3, ptxas assembled a fresh quad for
+// every mma -- ~6 register moves per mma, 185 of a warp's ~970 instructions per tile, ncu, B = 1, n = 16K.)
+template <class T>
+__device__ __forceinline__ void mma_m16n8k16(float (&c)[4], const uint4& a, unsigned b0, unsigned b1) {
+    mma_m16n8k16<T>(c, a.x, a.y, a.z, a.w, b0, b1);
+}
+// Two floats as a pair of T (x0 in the low half), rounded to nearest even.
+template <class T>
+__device__ __forceinline__ unsigned pack_pair(float x0, float x1) {
+    unsigned r;
+    if constexpr (std::is_same_v<T, bfloat16>) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(x1), "f"(x0));
+    else asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(x1), "f"(x0));
+    return r;
+}
+// Four 8 x 8 matrices of 16-bit elements from shared memory (ldmatrix .x4), and the same transposed.
+__device__ __forceinline__ void ldsm_x4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, const void* p) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(s));
+}
+__device__ __forceinline__ void ldsm_x4_t(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, const void* p) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(s));
 }
 
 // Two 16-bit elements packed in one 32-bit word, widened (element 0 in the low half).

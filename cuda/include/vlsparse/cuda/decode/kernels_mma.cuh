@@ -32,46 +32,6 @@
 
 namespace vlsparse::cuda::detail {
 
-__device__ __forceinline__ void ldsm_x4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, const void* p) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(s));
-}
-__device__ __forceinline__ void ldsm_x4_t(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, const void* p) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(s));
-}
-// c += A B for one m16n8k16 tile, operands of type T (bfloat16 or half). The A rows 8..15 (a.y, a.w)
-// are zero here: at most 8 query vectors. A is passed as one 4-register quad that the caller keeps
-// whole (q's fragments are stored with their zero halves, P's quads are built once per tile): with a0
-// and a2 passed alone and constant zeros for a1 and a3, ptxas assembled a fresh quad for every mma --
-// ~6 register moves per mma, 185 of a warp's ~970 instructions per tile (ncu, B = 1, n = 16K).
-template <class T>
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint4& a, unsigned b0, unsigned b1) {
-    if constexpr (std::is_same_v<T, bfloat16>)
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-            "{%0, %1, %2, %3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
-    else
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-            "{%0, %1, %2, %3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
-}
-// Two floats as a pair of T (x0 in the low half), rounded to nearest even.
-template <class T>
-__device__ __forceinline__ unsigned pack_x2(float x0, float x1) {
-    unsigned r;
-    if constexpr (std::is_same_v<T, bfloat16>) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(x1), "f"(x0));
-    else asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(x1), "f"(x0));
-    return r;
-}
 // The low / high element of a pair of T as a float.
 template <class T>
 __device__ __forceinline__ float lo_float(unsigned x) {
@@ -86,8 +46,8 @@ __device__ __forceinline__ float hi_float(unsigned x) {
 // x = hi + lo: hi = T(x), lo = T(x - hi); ~16 significant bits for bf16, ~22 for fp16 (in its range).
 template <class T>
 __device__ __forceinline__ void split_x2(float x0, float x1, unsigned& hi, unsigned& lo) {
-    hi = pack_x2<T>(x0, x1);
-    lo = pack_x2<T>(x0 - lo_float<T>(hi), x1 - hi_float<T>(hi));
+    hi = pack_pair<T>(x0, x1);
+    lo = pack_pair<T>(x0 - lo_float<T>(hi), x1 - hi_float<T>(hi));
 }
 
 template <int D>
@@ -264,11 +224,11 @@ __global__ void __launch_bounds__(kDecodeThreads, (D == 128 && ST_ == 3) ? 2 : 3
                 ldsm_x4(b0, b1, b2, b3, kts + S::swz(r0 + 8 * ng + (lane & 7), 2 * ks + (lane >> 3)));
                 const uint4 h0 = qfrag[(2 * ks) * 32 + lane], l0 = qfrag[(2 * ks + 1) * 32 + lane];
                 const uint4 h1 = qfrag[(2 * ks + 2) * 32 + lane], l1 = qfrag[(2 * ks + 3) * 32 + lane];
-                mma_16816<TC>(s[ng], h0, b0, b1);
-                mma_16816<TC>(s[ng], h1, b2, b3);
+                mma_m16n8k16<TC>(s[ng], h0, b0, b1);
+                mma_m16n8k16<TC>(s[ng], h1, b2, b3);
                 if (!qexact) {  // (uniform)
-                    mma_16816<TC>(s[ng], l0, b0, b1);
-                    mma_16816<TC>(s[ng], l1, b2, b3);
+                    mma_m16n8k16<TC>(s[ng], l0, b0, b1);
+                    mma_m16n8k16<TC>(s[ng], l1, b2, b3);
                 }
             }
         // This thread's four scores: query gq, rows r0 + 8 ng + 2 tq + e. The masks and the logits
@@ -320,10 +280,10 @@ __global__ void __launch_bounds__(kDecodeThreads, (D == 128 && ST_ == 3) ? 2 : 3
         for (int n = 0; n < D / 8; n += 2) {
             unsigned b0, b1, b2, b3;
             ldsm_x4_t(b0, b1, b2, b3, vts + S::swz(r0 + (lane & 7) + 8 * ((lane >> 3) & 1), n + (lane >> 4)));
-            mma_16816<TC>(o[n], ph, b0, b1);
-            mma_16816<TC>(o[n], pl, b0, b1);
-            mma_16816<TC>(o[n + 1], ph, b2, b3);
-            mma_16816<TC>(o[n + 1], pl, b2, b3);
+            mma_m16n8k16<TC>(o[n], ph, b0, b1);
+            mma_m16n8k16<TC>(o[n], pl, b0, b1);
+            mma_m16n8k16<TC>(o[n + 1], ph, b2, b3);
+            mma_m16n8k16<TC>(o[n + 1], pl, b2, b3);
         }
     }
     copy_wait<0>();

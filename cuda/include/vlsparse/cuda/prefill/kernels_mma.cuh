@@ -185,47 +185,6 @@ struct PrefillShape {
     }
 };
 
-template <class T>
-__device__ __forceinline__ void prefill_mma(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                            unsigned b0, unsigned b1) {
-    if constexpr (std::is_same_v<T, bfloat16>) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-            "{%0, %1, %2, %3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    } else {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-            "{%0, %1, %2, %3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    }
-}
-
-template <class T>
-__device__ __forceinline__ unsigned prefill_pack(float x0, float x1) {
-    unsigned r;
-    if constexpr (std::is_same_v<T, bfloat16>) {
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(x1), "f"(x0));
-    } else {
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(x1), "f"(x0));
-    }
-    return r;
-}
-
-__device__ __forceinline__ void prefill_ldsm(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, const void* p) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(s));
-}
-__device__ __forceinline__ void prefill_ldsm_t(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, const void* p) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(s));
-}
 __device__ __forceinline__ float prefill_exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -246,7 +205,7 @@ __device__ __forceinline__ void prefill_load_pair(const T* p, float& x0, float& 
 // x rounded to T and back (P's rounding before P V).
 template <class T>
 __device__ __forceinline__ float prefill_round(float x) {
-    const unsigned r = prefill_pack<T>(x, x);
+    const unsigned r = pack_pair<T>(x, x);
     if constexpr (std::is_same_v<T, bfloat16>) return __uint_as_float(r << 16);
     else return __half2float(__ushort_as_half(static_cast<unsigned short>(r & 0xffffu)));
 }
@@ -725,7 +684,7 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
         const int r = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
         for (int ks = 0; ks < S::KS; ++ks)
-            prefill_ldsm(qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], sq + S::swz(r, 2 * ks + (lane >> 4)));
+            ldsm_x4(qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], sq + S::swz(r, 2 * ks + (lane >> 4)));
     };
     if constexpr (!use_wgmma) load_q_fragments();
 
@@ -760,9 +719,9 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
                 for (int j = 0; j < 8; j += 2) {
                     unsigned b0, b1, b2, b3;
                     const int r = j * 8 + (lane & 7) + (lane >> 4) * 8;
-                    prefill_ldsm(b0, b1, b2, b3, sk + S::swz_kv(r, 2 * ks + ((lane >> 3) & 1)));
-                    prefill_mma<T>(s[j], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b0, b1);
-                    prefill_mma<T>(s[j + 1], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b2, b3);
+                    ldsm_x4(b0, b1, b2, b3, sk + S::swz_kv(r, 2 * ks + ((lane >> 3) & 1)));
+                    mma_m16n8k16<T>(s[j], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b0, b1);
+                    mma_m16n8k16<T>(s[j + 1], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b2, b3);
                 }
             }
         }
@@ -833,10 +792,10 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
     auto pack_p = [&](const float (&s)[8][4], unsigned (&pa)[4][4]) {
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
-            pa[kk][0] = prefill_pack<T>(s[2 * kk][0], s[2 * kk][1]);
-            pa[kk][1] = prefill_pack<T>(s[2 * kk][2], s[2 * kk][3]);
-            pa[kk][2] = prefill_pack<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[kk][3] = prefill_pack<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            pa[kk][0] = pack_pair<T>(s[2 * kk][0], s[2 * kk][1]);
+            pa[kk][1] = pack_pair<T>(s[2 * kk][2], s[2 * kk][3]);
+            pa[kk][2] = pack_pair<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pa[kk][3] = pack_pair<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
         }
     };
 
@@ -864,9 +823,9 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
 #pragma unroll
                 for (int jd = 0; jd < S::DT; jd += 2) {
                     unsigned b0, b1, b2, b3;
-                    prefill_ldsm_t(b0, b1, b2, b3, sv + S::swz_kv(r, jd + (lane >> 4)));
-                    prefill_mma<T>(o[jd], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], b0, b1);
-                    prefill_mma<T>(o[jd + 1], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], b2, b3);
+                    ldsm_x4_t(b0, b1, b2, b3, sv + S::swz_kv(r, jd + (lane >> 4)));
+                    mma_m16n8k16<T>(o[jd], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], b0, b1);
+                    mma_m16n8k16<T>(o[jd + 1], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], b2, b3);
                 }
             }
         }
@@ -1249,7 +1208,7 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
             bad |= !isfinite(x0) || !isfinite(x1) || (l > 0.0f && !isfinite(l));
             if constexpr (out16) {
                 if (paired) {
-                    *reinterpret_cast<unsigned*>(dst + c) = prefill_pack<TO>(x0, x1);
+                    *reinterpret_cast<unsigned*>(dst + c) = pack_pair<TO>(x0, x1);
                     continue;
                 }
             }

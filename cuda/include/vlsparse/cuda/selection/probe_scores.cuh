@@ -83,43 +83,6 @@ __device__ __forceinline__ float ld_elem(const void* p, DType t, std::int64_t i)
     }
 }
 
-// Two floats (exact values of the 16-bit type T) as a packed pair, element 0 in the low half.
-template <class T>
-__device__ __forceinline__ unsigned pack16x2(float x0, float x1) {
-    unsigned r;
-    if constexpr (std::is_same_v<T, bfloat16>) {
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(x1), "f"(x0));
-    } else {
-        const __half2 h = __floats2half2_rn(x0, x1);
-        r = *reinterpret_cast<const unsigned*>(&h);
-    }
-    return r;
-}
-
-template <class T>
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint4& a, unsigned b0, unsigned b1) {
-    if constexpr (std::is_same_v<T, bfloat16>) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-            "{%0, %1, %2, %3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
-    } else {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-            "{%0, %1, %2, %3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
-    }
-}
-
-__device__ __forceinline__ void ldsm4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, const void* p) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(s));
-}
-
 // 2^x on the special-function unit (ex2.approx.ftz: relative error below 2^-22, 2^-inf = 0).
 __device__ __forceinline__ float exp2_approx(float x) {
     float y;
@@ -171,10 +134,10 @@ __global__ void probe_pack_mma_kernel(const ProbeArgs a) {
     };
     const int c0 = 16 * ks + 2 * tq;
     uint4 f;
-    f.x = pack16x2<T>(val(gq, c0), val(gq, c0 + 1));
-    f.y = pack16x2<T>(val(gq + 8, c0), val(gq + 8, c0 + 1));
-    f.z = pack16x2<T>(val(gq, c0 + 8), val(gq, c0 + 9));
-    f.w = pack16x2<T>(val(gq + 8, c0 + 8), val(gq + 8, c0 + 9));
+    f.x = pack_pair<T>(val(gq, c0), val(gq, c0 + 1));
+    f.y = pack_pair<T>(val(gq + 8, c0), val(gq + 8, c0 + 1));
+    f.z = pack_pair<T>(val(gq, c0 + 8), val(gq, c0 + 9));
+    f.w = pack_pair<T>(val(gq + 8, c0 + 8), val(gq + 8, c0 + 9));
     const_cast<uint4*>(a.qpack)[i] = f;
     if (bad && a.status) atomicOr(a.status, kInputNonFinite);
 }
@@ -278,7 +241,7 @@ __global__ void __launch_bounds__(kProbeThreads, Pass1 ? kProbeBlocksPerSM : 4) 
 #pragma unroll
             for (int ks = 0; ks < KS; ks += 2) {
                 const int c = 2 * ks + mi;
-                ldsm4(kf[nt][ks][0], kf[nt][ks][1], kf[nt][ks + 1][0], kf[nt][ks + 1][1], smem + r * (D * 2) + ((c ^ (r & 7)) * 16));
+                ldsm_x4(kf[nt][ks][0], kf[nt][ks][1], kf[nt][ks + 1][0], kf[nt][ks + 1][1], smem + r * (D * 2) + ((c ^ (r & 7)) * 16));
                 if (Pass1)
                     bad |= pair_nonfinite<T>(kf[nt][ks][0]) || pair_nonfinite<T>(kf[nt][ks][1]) ||
                            pair_nonfinite<T>(kf[nt][ks + 1][0]) || pair_nonfinite<T>(kf[nt][ks + 1][1]);
@@ -319,8 +282,8 @@ __global__ void __launch_bounds__(kProbeThreads, Pass1 ? kProbeBlocksPerSM : 4) 
                     x[e] = kok && cc < a.d ? ld_elem(a.k, a.k_type, base + cc * a.k_s2) : 0.0f;
                     if (Pass1) bad |= !isfinite(x[e]);
                 }
-                kf[nt][ks][0] = pack16x2<T>(x[0], x[1]);
-                kf[nt][ks][1] = pack16x2<T>(x[2], x[3]);
+                kf[nt][ks][0] = pack_pair<T>(x[0], x[1]);
+                kf[nt][ks][1] = pack_pair<T>(x[2], x[3]);
             }
         }
     }
@@ -418,7 +381,7 @@ __global__ void __launch_bounds__(kProbeThreads, Pass1 ? kProbeBlocksPerSM : 4) 
             for (int ks = 0; ks < KS; ++ks) {
                 const uint4 f = af[ks * 32 + lane];
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) mma16816<T>(s[nt], f, kf[nt][ks][0], kf[nt][ks][1]);
+                for (int nt = 0; nt < NT; ++nt) mma_m16n8k16<T>(s[nt], f, kf[nt][ks][0], kf[nt][ks][1]);
             }
         }
         // Rows of this chunk that see every key of this warp need no mask (the common case).
