@@ -26,6 +26,7 @@
 //                          eviction (cuda::kv_batch_compact of the contiguous cache to the kept list, in
 //                          place) and sparse_prefill_attention_kept over the kept rows (the cache is
 //                          restored before each call, untimed)
+//   zipvl_evict50          that eviction alone (kv_batch_compact to the list of one selection)
 // The PyTorch side (SDPA cuDNN / flash dense causal, FlexAttention with the same masks, gather + SDPA) is
 // bench/torch_prefill_bench.py, reading the mask descriptions this program writes (--masks DIR: one
 // JSON file per mask case and n, with the exact allowed-pair count it checks its own mask against);
@@ -306,7 +307,7 @@ int main(int argc, char** argv) {
             row("vlsparse", "zipvl_e2e50", us, H * kept * (kept + 1) / 2,
                 "selection (fixed ratio 0.5; probes 64+64) + token-sparse prefill; kept " + std::to_string(kept));
         }
-        if (want("zipvl_e2e50_kept")) {
+        if (want("zipvl_e2e50_kept") || want("zipvl_evict50")) {
             cuda::ZipVLSelector sel;
             ZipVLParams P;
             P.ratio = ZipVLRatio::fixed;
@@ -328,20 +329,34 @@ int main(int argc, char** argv) {
             cuda::KvUpdateOptions ko;
             ko.check_inputs = false;
             std::int64_t kept = 0;
-            const double us = timer.median_us(
-                [&] {
-                    const View3<const bfloat16> kwv(kw.data(), {n, Hkv, d});
-                    const auto& s = sel.select(qv, kwv, layout, 1, P);
-                    kept = s.indptr.back();
-                    cuda::kv_batch_compact(cache, std::span<std::int32_t>(lens), s.indptr, s.indptr_dev, s.indices,
-                                           std::span<std::int32_t>{}, {}, nullptr, ko);
-                    const View3<const bfloat16> kk(kw.data(), {kept, Hkv, d}), vk(vw.data(), {kept, Hkv, d});
-                    cuda::sparse_prefill_attention_kept(qv, kk, vk, cuda::DeviceTokenLists{n, s.indptr, s.indptr_dev, s.indices},
-                                                        ov, UnselectedRows::zero, opt);
-                },
-                warmup, reps, restore);
-            row("vlsparse", "zipvl_e2e50_kept", us, H * kept * (kept + 1) / 2,
-                "selection + eviction (kv_batch_compact in place) + prefill over the kept rows; kept " + std::to_string(kept));
+            if (want("zipvl_evict50")) {  // the eviction alone, over the lists of one selection (made untimed)
+                const auto& s0 = sel.select(qv, kv, layout, 1, P);
+                const std::int64_t m = s0.indptr.back();
+                const double us = timer.median_us(
+                    [&] {
+                        cuda::kv_batch_compact(cache, std::span<std::int32_t>(lens), s0.indptr, s0.indptr_dev, s0.indices,
+                                               std::span<std::int32_t>{}, {}, nullptr, ko);
+                    },
+                    warmup, reps, restore);
+                row("vlsparse", "zipvl_evict50", us, H * m * (m + 1) / 2,
+                    "kv_batch_compact of the layer's K and V to ZipVL's list, in place; kept " + std::to_string(m));
+            }
+            if (want("zipvl_e2e50_kept")) {
+                const double us = timer.median_us(
+                    [&] {
+                        const View3<const bfloat16> kwv(kw.data(), {n, Hkv, d});
+                        const auto& s = sel.select(qv, kwv, layout, 1, P);
+                        kept = s.indptr.back();
+                        cuda::kv_batch_compact(cache, std::span<std::int32_t>(lens), s.indptr, s.indptr_dev, s.indices,
+                                               std::span<std::int32_t>{}, {}, nullptr, ko);
+                        const View3<const bfloat16> kk(kw.data(), {kept, Hkv, d}), vk(vw.data(), {kept, Hkv, d});
+                        cuda::sparse_prefill_attention_kept(qv, kk, vk, cuda::DeviceTokenLists{n, s.indptr, s.indptr_dev, s.indices},
+                                                            ov, UnselectedRows::zero, opt);
+                    },
+                    warmup, reps, restore);
+                row("vlsparse", "zipvl_e2e50_kept", us, H * kept * (kept + 1) / 2,
+                    "selection + eviction (kv_batch_compact in place) + prefill over the kept rows; kept " + std::to_string(kept));
+            }
         }
         // The two halves of zipvl_e2e50 timed apart: the selection alone (its one synchronization
         // included), and the token-sparse prefill over the lists that selection kept (made once, untimed).
