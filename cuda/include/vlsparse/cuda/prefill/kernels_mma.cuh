@@ -190,18 +190,6 @@ __device__ __forceinline__ float prefill_exp2(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
 }
-// Two adjacent elements (4-byte aligned) widened to fp32.
-template <class T>
-__device__ __forceinline__ void prefill_load_pair(const T* p, float& x0, float& x1) {
-    const unsigned u = __ldg(reinterpret_cast<const unsigned*>(p));
-    if constexpr (std::is_same_v<T, bfloat16>) {
-        x0 = __uint_as_float(u << 16);
-        x1 = __uint_as_float(u & 0xffff0000u);
-    } else {
-        x0 = __half2float(__ushort_as_half(static_cast<unsigned short>(u & 0xffffu)));
-        x1 = __half2float(__ushort_as_half(static_cast<unsigned short>(u >> 16)));
-    }
-}
 // x rounded to T and back (P's rounding before P V).
 template <class T>
 __device__ __forceinline__ float prefill_round(float x) {
@@ -834,6 +822,10 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
     float s[8][4];
     unsigned pa[4][4];
     float p_scale[2];
+    // The block's diagonal segment, if it has one (the plan makes at most one per query block): read by
+    // the wgmma path's walk of the segments before the key loop; the mma.sync path walks them after it.
+    PrefillSegment diag{};
+    diag.lo = diag.hi = 0;
     if constexpr (use_wgmma) {
         // Warp specialization. The producer warpgroup (warps 8-11) copies tile i into stage i % STAGES
         // once the compute warps have released the tile that was there (empty barrier), waits for its own
@@ -1067,6 +1059,7 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
         for (int sg = seg_begin; sg < seg_end; ++sg) {
             const PrefillSegment sgm = segs[sg];
             if (sgm.hi > sgm.lo && sgm.kind != kSegDiagonal) n_tiles += (sgm.hi - sgm.lo + S::BN - 1) / S::BN;
+            if (sgm.kind == kSegDiagonal) diag = sgm;
         }
         int pstage = -1;
         // Ping-pong: the two warpgroups take turns issuing their matrix products (named barriers 2 and 3),
@@ -1140,31 +1133,47 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
     // a row each take the columns they hold of O (8 j + 2 (lane % 4) + {0, 1}), P rounded to T as for the
     // tiles, the row sum kept by the row's first thread (the quad's partial sums are added at the end).
     if (w.segs) {
-        for (int sg = seg_begin; sg < seg_end; ++sg) {
-            const PrefillSegment dsg = segs[sg];
-            if (dsg.kind != kSegDiagonal) continue;
+        if constexpr (!use_wgmma) {
+            for (int sg = seg_begin; sg < seg_end; ++sg) {
+                const PrefillSegment sgm = segs[sg];
+                if (sgm.kind == kSegDiagonal) diag = sgm;
+            }
+        }
+        if (diag.hi > diag.lo) {
+            // The key and value rows of both of the thread's rows are loaded at once (one round trip), q is
+            // read from the block's Q tile in shared memory (chunk jd of row lm holds columns 8 jd ..; this
+            // thread's pair sits at (lane % 4) * 2 in it).
+            unsigned kraw[2][S::DT], vraw[2][S::DT];
+            bool ok[2];
 #pragma unroll
             for (int rr = 0; rr < 2; ++rr) {
-                const int p = qpos[rr], j = p - dsg.delta;
-                const bool ok = p >= 0 && j >= dsg.lo && j < dsg.hi;
-                float dot = 0.0f;
-                if (ok) {
-                    const T* qr = static_cast<const T*>(a.q) + static_cast<std::int64_t>(p - a.q_offset) * a.q_s0 +
-                                  static_cast<std::int64_t>(qhead[rr]) * a.q_s1;
-                    const T* kr = kbase + static_cast<std::int64_t>(j) * a.k_s0;
+                const int p = qpos[rr], j = p - diag.delta;
+                ok[rr] = p >= 0 && j >= diag.lo && j < diag.hi;
+                const unsigned* kr = reinterpret_cast<const unsigned*>(kbase + static_cast<std::int64_t>(ok[rr] ? j : 0) * a.k_s0 +
+                                                                       (lane & 3) * 2);
+                const unsigned* vr = reinterpret_cast<const unsigned*>(vbase + static_cast<std::int64_t>(ok[rr] ? j : 0) * a.v_s0 +
+                                                                       (lane & 3) * 2);
 #pragma unroll
-                    for (int jd = 0; jd < S::DT; ++jd) {
-                        const int c = jd * 8 + (lane & 3) * 2;
-                        float q0, q1, k0, k1;
-                        prefill_load_pair(qr + c, q0, q1);
-                        prefill_load_pair(kr + c, k0, k1);
-                        dot = fmaf(q0, k0, dot);
-                        dot = fmaf(q1, k1, dot);
-                    }
+                for (int jd = 0; jd < S::DT; ++jd) {
+                    kraw[rr][jd] = ok[rr] ? __ldg(kr + jd * 4) : 0u;
+                    vraw[rr][jd] = ok[rr] ? __ldg(vr + jd * 4) : 0u;
+                }
+            }
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+                const int lm = warp * 16 + (lane >> 2) + rr * 8;
+                float dot = 0.0f;
+#pragma unroll
+                for (int jd = 0; jd < S::DT; ++jd) {
+                    const float2 qf2 = widen_pair(*reinterpret_cast<const unsigned*>(sq + S::swz(lm, jd) + (lane & 3) * 2),
+                                                  static_cast<const T*>(nullptr));
+                    const float2 kf2 = widen_pair(kraw[rr][jd], static_cast<const T*>(nullptr));
+                    dot = fmaf(qf2.x, kf2.x, dot);
+                    dot = fmaf(qf2.y, kf2.y, dot);
                 }
                 dot += __shfl_xor_sync(0xffffffffu, dot, 1);
                 dot += __shfl_xor_sync(0xffffffffu, dot, 2);
-                if (!ok) continue;  // uniform over the row's four threads
+                if (!ok[rr]) continue;  // uniform over the row's four threads
                 const float sc = dot * a.scale_log2;
                 const float mnew = fmaxf(mrow[rr], sc);
                 const float alpha = prefill_exp2(mrow[rr] - mnew);  // 2^-inf = 0 when no tile was seen
@@ -1172,14 +1181,11 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
                 mrow[rr] = mnew;
                 lrow[rr] = lrow[rr] * alpha + ((lane & 3) == 0 ? pp : 0.0f);
                 const float pr = prefill_round<T>(pp);
-                const T* vr = vbase + static_cast<std::int64_t>(j) * a.v_s0;
 #pragma unroll
                 for (int jd = 0; jd < S::DT; ++jd) {
-                    const int c = jd * 8 + (lane & 3) * 2;
-                    float v0, v1;
-                    prefill_load_pair(vr + c, v0, v1);
-                    o[jd][2 * rr] = fmaf(pr, v0, o[jd][2 * rr] * alpha);
-                    o[jd][2 * rr + 1] = fmaf(pr, v1, o[jd][2 * rr + 1] * alpha);
+                    const float2 vf2 = widen_pair(vraw[rr][jd], static_cast<const T*>(nullptr));
+                    o[jd][2 * rr] = fmaf(pr, vf2.x, o[jd][2 * rr] * alpha);
+                    o[jd][2 * rr + 1] = fmaf(pr, vf2.y, o[jd][2 * rr + 1] * alpha);
                 }
             }
         }
