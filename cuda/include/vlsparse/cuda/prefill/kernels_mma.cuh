@@ -1197,6 +1197,9 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
     constexpr bool out16 = std::is_same_v<TO, bfloat16> || std::is_same_v<TO, half>;
     const bool paired = out16 && a.o_s2 == 1 && a.o_s0 % 2 == 0 && a.o_s1 % 2 == 0 &&
                         reinterpret_cast<std::uintptr_t>(a.out) % 4 == 0;
+    // (The non-finite check only where the caller asked for it: a.status; the store form chosen once per
+    // row, not per column pair. Both are a block's fixed cost, which short units pay often.)
+    const bool check = a.status != nullptr;
     bool bad = false;
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
@@ -1207,22 +1210,33 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
         TO* dst = static_cast<TO*>(a.out) + static_cast<std::int64_t>(qpos[rr] - a.q_offset) * a.o_s0 +
                   static_cast<std::int64_t>(qhead[rr]) * a.o_s1;
+        if (check) {
+            bool b = l > 0.0f && !isfinite(l);
 #pragma unroll
-        for (int j = 0; j < S::DT; ++j) {
-            const int c = j * 8 + (lane & 3) * 2;
-            const float x0 = o[j][2 * rr] * inv, x1 = o[j][2 * rr + 1] * inv;
-            bad |= !isfinite(x0) || !isfinite(x1) || (l > 0.0f && !isfinite(l));
-            if constexpr (out16) {
-                if (paired) {
-                    *reinterpret_cast<unsigned*>(dst + c) = pack_pair<TO>(x0, x1);
-                    continue;
+            for (int j = 0; j < S::DT; ++j) b |= !isfinite(o[j][2 * rr] * inv) || !isfinite(o[j][2 * rr + 1] * inv);
+            bad |= b;
+        }
+        bool done = false;
+        if constexpr (out16) {
+            if (paired) {
+#pragma unroll
+                for (int j = 0; j < S::DT; ++j) {
+                    const int c = j * 8 + (lane & 3) * 2;
+                    *reinterpret_cast<unsigned*>(dst + c) = pack_pair<TO>(o[j][2 * rr] * inv, o[j][2 * rr + 1] * inv);
                 }
+                done = true;
             }
-            store_f(dst + c * a.o_s2, x0);
-            store_f(dst + (c + 1) * a.o_s2, x1);
+        }
+        if (!done) {
+#pragma unroll
+            for (int j = 0; j < S::DT; ++j) {
+                const int c = j * 8 + (lane & 3) * 2;
+                store_f(dst + c * a.o_s2, o[j][2 * rr] * inv);
+                store_f(dst + (c + 1) * a.o_s2, o[j][2 * rr + 1] * inv);
+            }
         }
     }
-    if (a.status && __any_sync(0xffffffffu, bad) && lane == 0) atomicOr(a.status, 1);
+    if (check && __any_sync(0xffffffffu, bad) && lane == 0) atomicOr(a.status, 1);
 }
 
 // Zeroes out[n, H, d] (any strides): the unselected rows of the token-sparse front end.
