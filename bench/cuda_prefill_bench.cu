@@ -92,6 +92,14 @@ void write_mask_json(const std::filesystem::path& file, const std::string& name,
     o << "], \"allowed_pairs\": " << allowed << "}\n";
 }
 
+// ZipVL's parameters for the benchmark's selection cases: a fixed ratio of 0.5 (probes 64 + 64).
+ZipVLParams zipvl_fixed50() {
+    ZipVLParams P;
+    P.ratio = ZipVLRatio::fixed;
+    P.fixed_ratio = 0.5;
+    return P;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -293,9 +301,7 @@ int main(int argc, char** argv) {
         }
         if (want("zipvl_e2e50")) {
             cuda::ZipVLSelector sel;
-            ZipVLParams P;
-            P.ratio = ZipVLRatio::fixed;
-            P.fixed_ratio = 0.5;
+            const ZipVLParams P = zipvl_fixed50();
             const Layout layout = Layout::parse("image:" + std::to_string(n));
             std::int64_t kept = 0;
             const double us = timed([&] {
@@ -309,9 +315,7 @@ int main(int argc, char** argv) {
         }
         if (want("zipvl_e2e50_kept") || want("zipvl_evict50")) {
             cuda::ZipVLSelector sel;
-            ZipVLParams P;
-            P.ratio = ZipVLRatio::fixed;
-            P.fixed_ratio = 0.5;
+            const ZipVLParams P = zipvl_fixed50();
             const Layout layout = Layout::parse("image:" + std::to_string(n));
             // The layer's cache (one contiguous sequence), restored from kd / vd before every call.
             cuda::DeviceArray<bfloat16> kw(k.size()), vw(v.size());
@@ -362,9 +366,7 @@ int main(int argc, char** argv) {
         // included), and the token-sparse prefill over the lists that selection kept (made once, untimed).
         if (want("zipvl_select50") || want("zipvl_selprefill50")) {
             cuda::ZipVLSelector sel;
-            ZipVLParams P;
-            P.ratio = ZipVLRatio::fixed;
-            P.fixed_ratio = 0.5;
+            const ZipVLParams P = zipvl_fixed50();
             const Layout layout = Layout::parse("image:" + std::to_string(n));
             const auto& s0 = sel.select(qv, kv, layout, 1, P);
             const std::int64_t kept = s0.indptr.back();
