@@ -132,6 +132,14 @@ struct DeviceQkv {
     }
 };
 
+// How many elements of two outputs differ in their bits.
+std::size_t bits_differ(const std::vector<float>& a, const std::vector<float>& b) {
+    REQUIRE(a.size() == b.size());
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    return differ;
+}
+
 // On the wgmma path (automatic), whole key tiles of the dense, block-sparse and kept-keys front ends come
 // by the bulk tensor copy; `launch` run again with the cp.async copies (bulk_copy = false) into a freshly
 // poisoned output must give the same bits: the two ways only move the same bytes. (That the bulk copies
@@ -147,10 +155,7 @@ void check_bulk_copy_bits(DeviceQkv<T>& dv, const Launch& launch, const std::str
     launch(o);
     const std::vector<float> plain = dv.out.download();
     INFO(what << " (" << type_name<T>() << "): bulk tensor copies against cp.async");
-    REQUIRE(plain.size() == bulk.size());
-    std::size_t differ = 0;
-    for (std::size_t i = 0; i < bulk.size(); ++i) differ += std::memcmp(&bulk[i], &plain[i], sizeof(float)) != 0;
-    CHECK(differ == 0);
+    CHECK(bits_differ(bulk, plain) == 0);
 }
 
 // Compares the GPU output with the reference's (double) for the fill's check.
@@ -285,10 +290,7 @@ void run_sparse(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::int64_t d
         const std::vector<float> k2 = dv.out.download();
         INFO(what << " (" << type_name<T>() << ", " << kernel_name() << (o.bulk_copy ? "" : ", cp.async")
                   << "): kept keys against keys read through the lists");
-        REQUIRE(k2.size() == got.size());
-        std::size_t differ = 0;
-        for (std::size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &k2[i], sizeof(float)) != 0;
-        CHECK(differ == 0);
+        CHECK(bits_differ(got, k2) == 0);
     };
     kept(opts());
     if (g_kernel == cuda::PrefillKernel::automatic && !std::is_same_v<T, float>) {
