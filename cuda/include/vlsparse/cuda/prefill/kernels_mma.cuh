@@ -177,11 +177,11 @@ struct PrefillShape {
     static constexpr int Q_PLANE_BYTES = BM * 128;  // of the Q tile
     // [stage][K, V][TILE] (1024-byte aligned), Q [BM x D], then positions, images and sinks [stage][BN];
     // 1024 bytes of slack to align the base.
-    // (+ the warp-specialized loop's full / empty mbarriers [STAGES] and each stage's tile kind and last
-    // key position [STAGES][2].)
+    // (+ the warp-specialized loop's full / empty mbarriers [STAGES] and each stage's tile kind, last key
+    // position, first entry and entry count [STAGES][4].)
     static constexpr std::size_t smem_bytes() {
         return static_cast<std::size_t>(2 * STAGES * TILE + BM * D) * 2 + 3 * STAGES * BN * sizeof(int) +
-               2 * STAGES * sizeof(std::uint64_t) + 2 * STAGES * sizeof(int) + 1024;
+               2 * STAGES * sizeof(std::uint64_t) + 4 * STAGES * sizeof(int) + 1024;
     }
 };
 
@@ -539,7 +539,7 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
     int* sksink = skimg + S::STAGES * S::BN;  // [stage][BN] the key is a sink
     std::uint64_t* full_bar = reinterpret_cast<std::uint64_t*>(sksink + S::STAGES * S::BN);  // [stage] (wgmma)
     std::uint64_t* empty_bar = full_bar + S::STAGES;                                         // [stage] (wgmma)
-    int* smeta = reinterpret_cast<int*>(empty_bar + S::STAGES);  // [stage][kind, last key position] (wgmma)
+    int* smeta = reinterpret_cast<int*>(empty_bar + S::STAGES);  // [stage][kind, last key position, first, count] (wgmma)
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
@@ -717,11 +717,28 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
 
     // The mask and the online softmax of the tile in `stage`: s becomes P (fp32), the row sums are
     // rescaled to the new row maxima, and p_scale gets the factor for O (applied by the caller).
-    auto softmax = [&](float (&s)[8][4], int stage, int kind, int last, float (&p_scale)[2]) {
+    // `first` >= 0: the tile's entries are the positions first, first + 1, ... (no key list), `nvalid` of
+    // them (a short tile's other columns are empty); causal and short tiles are then masked by one compare
+    // per element against a per-row column limit, without reading the positions from shared memory (the
+    // masked tiles of block-sparse plans -- a causal diagonal per query block -- had spent as long on that
+    // as on their matrix products, ncu). first < 0: the positions are read per column.
+    auto softmax = [&](float (&s)[8][4], int stage, int kind, int last, int first, int nvalid, float (&p_scale)[2]) {
         // Mask: kFull tiles none; kCausal tiles only when their last key lies after the block's first row.
         const int* kp = skpos + stage * S::BN;
         const bool need_mask = kind == kSegGeneral || kind == kSegTail || (kind == kSegCausal && last > min_pos);
-        if (need_mask) {
+        if (need_mask && kind != kSegGeneral && first >= 0) {
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+                // The last column row rr sees (a padding row: none), less this thread's column offset.
+                const int lim = (qpos[rr] < 0 ? -1 : kind == kSegTail ? nvalid - 1 : min(qpos[rr] - first, nvalid - 1)) -
+                                (lane & 3) * 2;
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e)
+                        if (j * 8 + e > lim) s[j][2 * rr + e] = -INFINITY;
+            }
+        } else if (need_mask) {
             const int* ki = skimg + stage * S::BN;
             const int* ks_ = sksink + stage * S::BN;
 #pragma unroll
@@ -899,8 +916,10 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
                     if (by_tma) {
                         if (ptid < S::BN) skpos[st * S::BN + ptid] = klist ? kent : ld.tile + ptid;
                         if (ptid == 0) {
-                            smeta[2 * st] = ld.kind;
-                            smeta[2 * st + 1] = klist ? klast : ld.tile + S::BN - 1;
+                            smeta[4 * st] = ld.kind;
+                            smeta[4 * st + 1] = klist ? klast : ld.tile + S::BN - 1;
+                            smeta[4 * st + 2] = klist ? -1 : ld.tile;
+                            smeta[4 * st + 3] = S::BN;
                             mbar_arrive_expect_tx(full_bar + st, static_cast<unsigned>(2 * S::TILE * sizeof(T)));
 #pragma unroll
                             for (int pl = 0; pl < D / 64; ++pl) {
@@ -931,8 +950,10 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
                         }
                         if (klist && ptid < S::BN) skpos[st * S::BN + ptid] = kent;  // (-1 past the list's end)
                         if (ptid == 0) {
-                            smeta[2 * st] = short_tile && ld.kind == kSegFull ? kSegTail : ld.kind;
-                            smeta[2 * st + 1] = short_tile ? INT_MAX : (klist ? klast : min(ld.tile + S::BN, ld.hi) - 1);
+                            smeta[4 * st] = short_tile && ld.kind == kSegFull ? kSegTail : ld.kind;
+                            smeta[4 * st + 1] = short_tile ? INT_MAX : (klist ? klast : min(ld.tile + S::BN, ld.hi) - 1);
+                            smeta[4 * st + 2] = klist ? -1 : ld.tile;
+                            smeta[4 * st + 3] = min(S::BN, ld.hi - ld.tile);
                         }
                     }
                     copy_commit();  // (empty for a bulk tile: the group count stays one per tile)
@@ -973,8 +994,10 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
                     }
                     if (ptid == 0) {
                         const bool short_tile = ld.tile + S::BN > ld.hi;
-                        smeta[2 * st] = short_tile && ld.kind == kSegFull ? kSegTail : ld.kind;
-                        smeta[2 * st + 1] = short_tile ? INT_MAX : plast;
+                        smeta[4 * st] = short_tile && ld.kind == kSegFull ? kSegTail : ld.kind;
+                        smeta[4 * st + 1] = short_tile ? INT_MAX : plast;
+                        smeta[4 * st + 2] = -1;  // (entries index the list: positions read per column)
+                        smeta[4 * st + 3] = 0;
                     }
                     copy_commit();
                     ld.next(segs);
@@ -1035,8 +1058,10 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
                 }
                 if (ptid == 0) {
                     const int last_e = min(ld.tile + S::BN, ld.hi) - 1;
-                    smeta[2 * st] = short_tile && ld.kind == kSegFull ? kSegTail : ld.kind;
-                    smeta[2 * st + 1] = short_tile ? INT_MAX : last_e;
+                    smeta[4 * st] = short_tile && ld.kind == kSegFull ? kSegTail : ld.kind;
+                    smeta[4 * st + 1] = short_tile ? INT_MAX : last_e;
+                    smeta[4 * st + 2] = ld.tile;
+                    smeta[4 * st + 3] = last_e - ld.tile + 1;
                 }
                 copy_commit();
                 ld.next(segs);
@@ -1086,7 +1111,7 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
                 else asm volatile("bar.arrive 2, 256;\n");
             }
             wgmma_reg_fence(reinterpret_cast<float(&)[32]>(s));
-            softmax(s, stage, smeta[2 * stage], smeta[2 * stage + 1], p_scale);
+            softmax(s, stage, smeta[4 * stage], smeta[4 * stage + 1], smeta[4 * stage + 2], smeta[4 * stage + 3], p_scale);
             wgmma_wait<0>();
             wgmma_reg_fence(reinterpret_cast<float(&)[S::DT * 4]>(o));
             wgmma_reg_fence_u(pa);
@@ -1118,7 +1143,7 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
             }
             copy_commit();
             qk(s, stage);
-            softmax(s, stage, kind_q[stage], last_q[stage], p_scale);
+            softmax(s, stage, kind_q[stage], last_q[stage], -1, 0, p_scale);
             rescale_o(p_scale);
             pack_p(s, pa);
             pv(pa, stage);
