@@ -241,10 +241,20 @@ TEST_CASE("cuda zipvl: selection against the reference, tensor cores (bf16, fp16
                 c.P.nnz = (i / 2) % 2 ? ZipVLNnz::probe_rows : ZipVLNnz::causal_column;
                 c.P.probe_recent = 8 + i % 24;
                 c.P.probe_random = 5 + (i * 7) % 40;
+                if (i % 3 == 1) {  // 64 probes and more: 64-row chunks on the wgmma passes, partly padding
+                    c.P.probe_recent = 40 + i % 50;
+                    c.P.probe_random = 30 + (i * 13) % 90;
+                }
                 c.qscale = i % 3 == 0 ? 3.0 : 1.0;
                 ++i;
-                if (i % 2) run_case<bfloat16, bfloat16>(c, sel);
-                else run_case<vlsparse::half, vlsparse::half>(c, sel);
+                // Both tensor-core paths where the GPU has both (wgmma on Hopper with sm_90a code, mma.sync).
+                for (int path = 0; path < 2; ++path) {
+                    INFO("probe path " << (path == 0 ? "automatic" : "mma_sync"));
+                    cuda::detail::probe_path_override().store(path);
+                    if (i % 2) run_case<bfloat16, bfloat16>(c, sel);
+                    else run_case<vlsparse::half, vlsparse::half>(c, sel);
+                }
+                cuda::detail::probe_path_override().store(0);
             }
 }
 

@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -129,6 +130,44 @@ void launch_probe_mma(ProbeArgs& a, cudaStream_t stream, const char* fn) {
     }
 }
 
+// The wgmma passes (sm_90a; npc a multiple of 4): the same kernels around them as launch_probe_mma.
+template <class T, int D>
+void launch_probe_wg(ProbeArgs& a, cudaStream_t stream, const char* fn) {
+    using S = ProbeWgShape<D>;
+    const std::int64_t chunks = static_cast<std::int64_t>(a.qpk) * (a.npc / 4);
+    {
+        const std::int64_t total = static_cast<std::int64_t>(a.Hkv) * chunks * kProbeWgRows * S::CH;
+        launch_dependent(probe_pack_wg_kernel<T, D>, static_cast<unsigned>((total + 255) / 256), 256, 0, stream, fn,
+                         "probe_pack_wg_kernel", a);
+    }
+    constexpr std::size_t shm = S::smem_bytes();
+    const dim3 grid(static_cast<unsigned>(((a.n + kProbeColTile - 1) / kProbeColTile) * a.rsplit), static_cast<unsigned>(a.Hkv));
+    {
+        auto* k1 = probe_cols_wg_kernel<T, D, true>;
+        check_cuda(cudaFuncSetAttribute(k1, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm)), fn,
+                   "cudaFuncSetAttribute");
+        launch_dependent(k1, grid, kProbeWgThreads, shm, stream, fn, "probe_cols_wg_kernel (pass 1)", a);
+    }
+    {
+        const std::int64_t rows = static_cast<std::int64_t>(a.Hkv) * a.qpk * a.npc * 16;  // a warp each
+        launch_dependent(probe_lse_kernel<>, static_cast<unsigned>((rows + 7) / 8), 256, 0, stream, fn,
+                         "probe_lse_kernel", a);
+    }
+    {
+        auto* k2 = probe_cols_wg_kernel<T, D, false>;
+        check_cuda(cudaFuncSetAttribute(k2, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm)), fn,
+                   "cudaFuncSetAttribute");
+        launch_dependent(k2, grid, kProbeWgThreads, shm, stream, fn, "probe_cols_wg_kernel (pass 2)", a);
+    }
+}
+
+// Which tensor-core probe passes run: 0 the automatic choice (wgmma where it runs and the probe rows fill
+// 64-row chunks, else mma.sync), 1 mma.sync always. For the tests, which check both on one GPU; not an API.
+inline std::atomic<int>& probe_path_override() {
+    static std::atomic<int> v{0};
+    return v;
+}
+
 inline void launch_probe_simt(ProbeArgs& a, cudaStream_t stream, const char* fn) {
     const std::int64_t rows = static_cast<std::int64_t>(a.qpk) * a.npc * 16;
     {
@@ -191,10 +230,18 @@ public:
                            cudaStream_t stream, const char* fn) {
         const std::int64_t n = q.shape[0], H = q.shape[1], d = q.shape[2], Hkv = k.shape[1];
         const auto np = static_cast<std::int64_t>(probes.size());
-        const std::int64_t npc = (np + 15) / 16, qpk = H / Hkv;
-        const std::int64_t rows = qpk * npc * 16;  // per KV head
         constexpr bool same16 = std::is_same_v<std::remove_const_t<TQ>, std::remove_const_t<TK>> && sizeof(TQ) == 2;
         const bool mma = same16 && d <= 128;
+        // K's elements readable as aligned 32-bit pairs / its rows copyable in 16-byte pieces.
+        const bool k_pairs = same16 && k.stride[2] == 1 && d % 2 == 0 && k.stride[0] % 2 == 0 && k.stride[1] % 2 == 0 &&
+                             reinterpret_cast<std::uintptr_t>(k.data) % 4 == 0;
+        const bool k_rows16 = k_pairs && d % 8 == 0 && k.stride[0] % 8 == 0 && k.stride[1] % 8 == 0 &&
+                              reinterpret_cast<std::uintptr_t>(k.data) % 16 == 0;
+        // wgmma (Hopper, sm_90a code): probe rows in chunks of 64, so for at least 64 probes (fewer would
+        // leave most of a chunk padding: the mma.sync passes take 16-row chunks).
+        const bool wg = mma && k_rows16 && np >= kProbeWgRows && probe_path_override().load() == 0 && wgmma_runs_here(fn);
+        const std::int64_t npc = wg ? (np + kProbeWgRows - 1) / kProbeWgRows * 4 : (np + 15) / 16, qpk = H / Hkv;
+        const std::int64_t rows = qpk * npc * 16;  // per KV head
         // Tensor cores: the chunks of a key block shared out over rsplit blocks when the key blocks alone
         // would leave the GPU short of work (about two waves of 4 blocks per multiprocessor wanted).
         int rsplit = 1;
@@ -203,7 +250,10 @@ public:
             check_cuda(cudaGetDevice(&dev), fn, "cudaGetDevice");
             check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), fn, "cudaDeviceGetAttribute");
             const std::int64_t blocks = ((n + kProbeColTile - 1) / kProbeColTile) * Hkv;
-            rsplit = static_cast<int>(std::clamp<std::int64_t>((8 * sms + blocks - 1) / blocks, 1, 8));
+            // (wgmma: one wave of 2 blocks of 256 threads per multiprocessor is enough: more splits add
+            // blocks whose start -- the key tile, the chunk search -- costs more than their chunks)
+            const std::int64_t want = wg ? 2 * sms : 8 * sms;
+            rsplit = static_cast<int>(std::clamp<std::int64_t>((want + blocks - 1) / blocks, 1, 8));
         }
         const std::size_t b_pos = align256(static_cast<std::size_t>(npc * 16) * 4);
         const std::size_t b_cmax = align256(static_cast<std::size_t>(npc) * 4);
@@ -260,10 +310,8 @@ public:
         a.n_probes = static_cast<int>(np);
         a.npc = static_cast<int>(npc);
         a.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
-        a.k_pairs = same16 && k.stride[2] == 1 && d % 2 == 0 && k.stride[0] % 2 == 0 && k.stride[1] % 2 == 0 &&
-                    reinterpret_cast<std::uintptr_t>(k.data) % 4 == 0;
-        a.k_rows16 = a.k_pairs && d % 8 == 0 && k.stride[0] % 8 == 0 && k.stride[1] % 8 == 0 &&
-                     reinterpret_cast<std::uintptr_t>(k.data) % 16 == 0;
+        a.k_pairs = k_pairs;
+        a.k_rows16 = k_rows16;
         a.pos = pos_d;
         a.cmax = cmax_d;
         a.part = part_d;
@@ -275,8 +323,14 @@ public:
             a.qpack = static_cast<const uint4*>(qbuf);
             if constexpr (same16) {
                 using T = std::remove_const_t<TQ>;
-                if (d <= 64) launch_probe_mma<T, 64>(a, stream, fn);
-                else launch_probe_mma<T, 128>(a, stream, fn);
+                if (wg) {
+                    if (d <= 64) launch_probe_wg<T, 64>(a, stream, fn);
+                    else launch_probe_wg<T, 128>(a, stream, fn);
+                } else if (d <= 64) {
+                    launch_probe_mma<T, 64>(a, stream, fn);
+                } else {
+                    launch_probe_mma<T, 128>(a, stream, fn);
+                }
             }
         } else {
             a.qrows = static_cast<const float*>(qbuf);
