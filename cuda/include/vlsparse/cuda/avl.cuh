@@ -137,14 +137,14 @@ __global__ void __launch_bounds__(kSelectThreads) avl_refresh_kernel(const __gri
         return x > 0.0f ? x : 0.0f;  // (NaN and negatives as 0: flagged above)
     };
     const bool all = sp.k >= n;
-    unsigned vkey = 0;
+    unsigned vkey = 0, vmask = 0xffffffffu;
     int need = n, eq_count = 0, eq_before = 0;
-    if (!all) block_topk_threshold(sh, team, score, n, sp.k, vkey, need, eq_count, eq_before);
+    if (!all) block_topk_threshold(sh, team, score, n, sp.k, vkey, vmask, need, eq_count, eq_before);
     const bool ranked = !all && need < eq_count;
-    const auto tie = [&](int j) { return score_key(score(j)) == vkey; };
+    const auto tie = [&](int j) { return (score_key(score(j)) & vmask) == vkey; };
     const auto keep = [&](int j, bool t, int rank) {
         if (all) return true;
-        const unsigned key = score_key(score(j));
+        const unsigned key = score_key(score(j)) & vmask;
         return key > vkey || (key == vkey && (!ranked || (t && rank < need)));
     };
     std::int32_t* out = a.out + sp.off;

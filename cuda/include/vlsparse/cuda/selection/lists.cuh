@@ -187,20 +187,20 @@ __global__ void __launch_bounds__(kSelectThreads) mark_topk_kernel(const __grid_
         return;
     }
     auto score = [&](int j) { return cached ? cache[j - lo] : (el && !el[j] ? -1.0f : base[j]); };
-    unsigned vkey = 0;
+    unsigned vkey = 0, vmask = 0xffffffffu;
     int need = 0, eq_count = 0, eq_before = 0;
-    block_topk_threshold(sh, team, score, len, k, vkey, need, eq_count, eq_before);
+    block_topk_threshold(sh, team, score, len, k, vkey, vmask, need, eq_count, eq_before);
     const bool ranked = need < eq_count;
     block_compact(
         sh, lo, hi, ranked,
         [&](int j) {
             const float x = score(j);
-            return x >= 0.0f && score_key(x) == vkey;
+            return x >= 0.0f && (score_key(x) & vmask) == vkey;
         },
         [&](int j, bool tie, int rank) {
             const float x = score(j);
             if (x < 0.0f) return false;  // not eligible
-            const unsigned key = score_key(x);
+            const unsigned key = score_key(x) & vmask;
             if (key > vkey || (key == vkey && (!ranked || (tie && rank < need)))) keep[j] = 1;
             return false;  // nothing written by block_compact itself
         },

@@ -382,6 +382,16 @@ __device__ int block_count_for_mass(RadixShared& sh, const RadixTeam& team, cons
         __syncthreads();
         if (!sh.found) return n;
         last_bin = sh.bin;
+        // One score in the chosen bin: the scores above it fall short of the target and it reaches it,
+        // so p is known without the remaining digits (uniform over the team: every block merged the
+        // same totals).
+        if (shift > 0 && sh.tcnt[last_bin] == 1) {
+            const int p = static_cast<int>(sh.above_cnt) + 1;
+            // (the next ranking's first pass may write the histogram buffer the team's blocks are still
+            // reading from this pass: wait for them)
+            team.sync();
+            return p;
+        }
     }
     // Every score equal to v = prefix adds the same mass m; take as many as the target needs.
     const unsigned eq = sh.tcnt[last_bin];
@@ -398,13 +408,15 @@ __device__ int block_count_for_mass(RadixShared& sh, const RadixTeam& team, cons
     return p;
 }
 
-// The k-th largest key (1 <= k <= n), `need`, the number of scores equal to it that the top-k takes,
-// `eq_count`, how many scores equal it, and `eq_before`, how many of those lie in the slices of the
-// team's blocks before this one (the rank of this slice's first tie). This block reads score(j) for j
-// in its slice.
+// The k-th largest key (1 <= k <= n) under `vmask`, `need`, the number of scores equal to it that the
+// top-k takes, `eq_count`, how many scores equal it, and `eq_before`, how many of those lie in the
+// slices of the team's blocks before this one (the rank of this slice's first tie). Compare keys as
+// (score_key(x) & vmask) against vkey: vmask covers the digits ranked, all 32 bits unless the top-k
+// takes every score of a bin before the last digit (then the rest are not needed: need == eq_count,
+// nothing ranked among equals). This block reads score(j) for j in its slice.
 template <class Score>
 __device__ void block_topk_threshold(RadixShared& sh, const RadixTeam& team, const Score& score, int n, int k,
-                                     unsigned& vkey, int& need, int& eq_count, int& eq_before) {
+                                     unsigned& vkey, unsigned& vmask, int& need, int& eq_count, int& eq_before) {
     const int lo = team.slice_lo(n), hi = team.slice_hi(n);
     if (threadIdx.x == 0) {
         sh.prefix = 0;
@@ -416,8 +428,19 @@ __device__ void block_topk_threshold(RadixShared& sh, const RadixTeam& team, con
         radix_hist<false>(sh, team, score, lo, hi, shift, 1.0);
         if (threadIdx.x < 32) pick_bin<false>(sh, 0.0, static_cast<unsigned>(k), shift);
         __syncthreads();
+        if (shift > 0 && static_cast<int>(sh.tcnt[sh.bin]) == k - static_cast<int>(sh.above_cnt)) {
+            // The whole bin is taken: the threshold is its prefix (uniform over the team).
+            vkey = sh.prefix;
+            vmask = sh.mask;
+            need = k - static_cast<int>(sh.above_cnt);
+            eq_count = need;
+            eq_before = 0;  // (unused: nothing is ranked among equals)
+            team.sync();    // (as in block_count_for_mass: the team may still read this pass's buffer)
+            return;
+        }
     }
     vkey = sh.prefix;
+    vmask = 0xffffffffu;
     need = k - static_cast<int>(sh.above_cnt);
     eq_count = static_cast<int>(sh.tcnt[sh.bin]);  // the last pass's bin holds exactly the keys equal to vkey
     // (the last pass, shift 0, wrote buffer 0; no pass rewrites it before the kernel's end)
@@ -628,18 +651,18 @@ __global__ void __launch_bounds__(kSelectThreads) zipvl_finish_kernel(const __gr
         for (int j = lo + static_cast<int>(threadIdx.x); j < hi; j += blockDim.x) cache[j - lo] = nrm[j];
     __syncthreads();
     const auto ns = [&](int j) { return cached ? cache[j - lo] : rk[j]; };
-    unsigned vkey = 0;
+    unsigned vkey = 0, vmask = 0xffffffffu;
     int need = n;
     const bool all = p >= n;
     int eq_count = 0, eq_before = 0;
-    if (!all) block_topk_threshold(sh, team, ns, n, p, vkey, need, eq_count, eq_before);
+    if (!all) block_topk_threshold(sh, team, ns, n, p, vkey, vmask, need, eq_count, eq_before);
     const int keep_from = n - f.keep_last;
     std::int32_t* out = f.indptr ? f.lists : f.lists + static_cast<std::int64_t>(g) * n;
     // Ranks among the scores equal to the threshold matter only when some of them are left out.
     const bool ranked = !all && need < eq_count;
-    const auto tie = [&](int j) { return score_key(ns(j)) == vkey; };
+    const auto tie = [&](int j) { return (score_key(ns(j)) & vmask) == vkey; };
     const auto keep = [&](int j, bool t, int rank) {
-        const unsigned key = score_key(ns(j));
+        const unsigned key = score_key(ns(j)) & vmask;
         const bool top = all || key > vkey || (key == vkey && (!ranked || (t && rank < need)));
         return top || j >= keep_from || (f.text && f.text[j]);
     };
