@@ -14,6 +14,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -225,33 +226,44 @@ __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], std::uint64_t desc_
 #undef VLSPARSE_WGMMA_RS_N128
 #undef VLSPARSE_WGMMA_SS_N64
 
-}  // namespace vlsparse::cuda::detail
-
-#include <atomic>
-
-namespace vlsparse::cuda::detail {
-
 // 1 where this kernel was compiled with the sm_90a instructions, else 0.
 template <int Unused = 0>
 __global__ void wgmma_flag_kernel(int* out) {
     *out = VLSPARSE_CUDA_HAS_WGMMA;
 }
 
-// Whether kernels of this binary run the sm_90a instructions on the current device: a compute
-// capability 9.0 GPU and sm_90a code loaded for it. Asked once per device (a one-thread kernel and a
-// copy back, synchronous), then answered from a cache.
-inline bool wgmma_runs_here(const char* fn) {
-    constexpr int kMaxDevices = 64;
-    static std::atomic<int> known[kMaxDevices] = {};  // 0 unknown, 1 no, 2 yes
+// The answer of ask(dev) for the current device, asked once per device and then read from `known`
+// (0 unknown, 1 no, 2 yes; devices past its size are asked every time).
+inline constexpr int kMaxDevicesCached = 64;
+template <class Ask>
+bool per_device_answer(std::atomic<int> (&known)[kMaxDevicesCached], const char* fn, Ask&& ask) {
     int dev = 0;
     check_cuda(cudaGetDevice(&dev), fn, "cudaGetDevice");
-    if (dev >= 0 && dev < kMaxDevices && known[dev].load(std::memory_order_relaxed) != 0)
-        return known[dev].load(std::memory_order_relaxed) == 2;
-    int major = 0, minor = 0;
-    check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), fn, "cudaDeviceGetAttribute");
-    check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), fn, "cudaDeviceGetAttribute");
-    bool yes = false;
-    if (major == 9 && minor == 0) {
+    const bool cached = dev >= 0 && dev < kMaxDevicesCached;
+    if (cached && known[dev].load(std::memory_order_relaxed) != 0) return known[dev].load(std::memory_order_relaxed) == 2;
+    const bool yes = ask(dev);
+    if (cached) known[dev].store(yes ? 2 : 1, std::memory_order_relaxed);
+    return yes;
+}
+
+// Compute capability 9.0 (Hopper) of the current device.
+inline bool device_is_sm90(const char* fn) {
+    static std::atomic<int> known[kMaxDevicesCached] = {};
+    return per_device_answer(known, fn, [fn](int dev) {
+        int major = 0, minor = 0;
+        check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), fn, "cudaDeviceGetAttribute");
+        check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), fn, "cudaDeviceGetAttribute");
+        return major == 9 && minor == 0;
+    });
+}
+
+// Whether kernels of this binary run the sm_90a instructions on the current device: a compute
+// capability 9.0 GPU and sm_90a code loaded for it. Asked once per device (a one-thread kernel and a
+// copy back, synchronous).
+inline bool wgmma_runs_here(const char* fn) {
+    static std::atomic<int> known[kMaxDevicesCached] = {};
+    return per_device_answer(known, fn, [fn](int) {
+        if (!device_is_sm90(fn)) return false;
         int* flag = nullptr;
         check_cuda(cudaMalloc(&flag, sizeof(int)), fn, "cudaMalloc");
         wgmma_flag_kernel<><<<1, 1>>>(flag);
@@ -260,10 +272,8 @@ inline bool wgmma_runs_here(const char* fn) {
         if (e == cudaSuccess) e = cudaMemcpy(&h, flag, sizeof(int), cudaMemcpyDeviceToHost);
         cudaFree(flag);
         check_cuda(e, fn, "wgmma_flag_kernel");
-        yes = h == 1;
-    }
-    if (dev >= 0 && dev < kMaxDevices) known[dev].store(yes ? 2 : 1, std::memory_order_relaxed);
-    return yes;
+        return h == 1;
+    });
 }
 
 }  // namespace vlsparse::cuda::detail

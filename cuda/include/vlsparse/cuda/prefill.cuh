@@ -176,22 +176,6 @@ void prefill_common(View3<const T> q, View3<const T> k, View3<const T> v, View3<
     a.scale_log2 = static_cast<float>(static_cast<double>(scale) * 1.4426950408889634);
 }
 
-// Compute capability 9.0 (Hopper) of the current device, read once per device.
-inline bool prefill_device_is_sm90(const char* fn) {
-    constexpr int kMaxDevices = 64;
-    static std::atomic<int> known[kMaxDevices] = {};  // 0 unknown, 1 no, 2 yes
-    int dev = 0;
-    check_cuda(cudaGetDevice(&dev), fn, "cudaGetDevice");
-    if (dev >= 0 && dev < kMaxDevices && known[dev].load(std::memory_order_relaxed) != 0)
-        return known[dev].load(std::memory_order_relaxed) == 2;
-    int major = 0, minor = 0;
-    check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), fn, "cudaDeviceGetAttribute");
-    check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), fn, "cudaDeviceGetAttribute");
-    const bool yes = major == 9 && minor == 0;
-    if (dev >= 0 && dev < kMaxDevices) known[dev].store(yes ? 2 : 1, std::memory_order_relaxed);
-    return yes;
-}
-
 // cuTensorMapEncodeTiled, looked up once in the driver through the runtime (no link against libcuda);
 // null when the driver does not provide it.
 using TensorMapEncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
@@ -249,7 +233,7 @@ void launch_prefill_kernel(PrefillArgs a, dim3 grid, bool bulk_copy, cudaStream_
 
 template <class T, class TO, int D>
 void launch_prefill_d(const PrefillArgs& a, dim3 grid, const PrefillOptions& opt, cudaStream_t stream, const char* fn) {
-    if (opt.kernel == PrefillKernel::automatic && prefill_device_is_sm90(fn))
+    if (opt.kernel == PrefillKernel::automatic && device_is_sm90(fn))
         launch_prefill_kernel<T, TO, D, true>(a, grid, opt.bulk_copy, stream, fn);
     else
         launch_prefill_kernel<T, TO, D, false>(a, grid, false, stream, fn);
@@ -305,7 +289,7 @@ void launch_prefill(PrefillArgs a, int d, dim3 grid, const PrefillOptions& opt, 
 // for it: a query for tests, benchmarks and logs, not for the hot path.
 inline bool prefill_uses_wgmma() {
     constexpr const char* fn = "cuda::prefill_uses_wgmma";
-    if (!detail::prefill_device_is_sm90(fn)) return false;
+    if (!detail::device_is_sm90(fn)) return false;
     DeviceArray<int> flag(1);
     detail::prefill_wgmma_probe_kernel<><<<1, 1>>>(flag.data());
     detail::check_launch(fn, "prefill_wgmma_probe_kernel");

@@ -109,6 +109,16 @@ __device__ __forceinline__ void merge_ml(float& m, float& l, float m2, float l2)
     m = M;
 }
 
+// The maximum / sum over the four lanes of an mma row (lanes 4 r .. 4 r + 3), in a fixed order.
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
 // ---- packing: q's probe rows into A fragments (tensor cores) or fp32 rows (CUDA cores) ------------------
 
 // One thread per (KV head, chunk, k-step, lane): the four 32-bit A registers of m16n8k16 for rows
@@ -164,6 +174,20 @@ __global__ void probe_pack_simt_kernel(const ProbeArgs a) {
     const_cast<float*>(a.qrows)[i] = x;
     if (!isfinite(x) && a.status) atomicOr(a.status, kInputNonFinite);
 }
+
+// A block's walk over its active chunks: its i-th is t = z + i R of the active ones, query head
+// t / per_head and that head's chunk first + t % per_head, kept as (head, c) so that the loop needs no
+// division (both tensor-core kernels).
+struct ProbeChunkCursor {
+    int head, c;  // chunk index = head * (chunks per head) + first + c
+    __device__ void advance(int R, int per_head) {
+        c += R;
+        while (c >= per_head) {
+            c -= per_head;
+            ++head;
+        }
+    }
+};
 
 // ---- both passes on the tensor cores: one kernel, K stationary, probe rows streamed --------------------
 
@@ -311,17 +335,7 @@ __global__ void __launch_bounds__(kProbeThreads, Pass1 ? kProbeBlocksPerSM : 4) 
     // This block's i-th chunk is t = z + i R of the active ones: query head t / per_head, its chunk
     // first + t % per_head. Two cursors walk that sequence without divisions in the loop: one for the
     // copies (ST - 1 chunks ahead), one for the chunk being computed.
-    struct Cursor {
-        int head, c;  // chunk index = head * npc + first + c
-        __device__ void advance(int R, int per_head) {
-            c += R;
-            while (c >= per_head) {
-                c -= per_head;
-                ++head;
-            }
-        }
-    };
-    Cursor issue_at{z / max(per_head, 1), z % max(per_head, 1)}, compute_at = issue_at;
+    ProbeChunkCursor issue_at{z / max(per_head, 1), z % max(per_head, 1)}, compute_at = issue_at;
     const int npc = a.npc;
     // A chunk's fragments are KS x 32 pieces of 16 bytes: each thread copies the same few of every chunk.
     static_assert((KS * 32) % kProbeThreads == 0, "whole pieces per thread");
@@ -414,12 +428,8 @@ __global__ void __launch_bounds__(kProbeThreads, Pass1 ? kProbeBlocksPerSM : 4) 
                         mhi = fmaxf(mhi, s[nt][2 + e]);
                     }
             }
-            mlo = fmaxf(mlo, __shfl_xor_sync(0xffffffffu, mlo, 1));
-            mlo = fmaxf(mlo, __shfl_xor_sync(0xffffffffu, mlo, 2));
-            mhi = fmaxf(mhi, __shfl_xor_sync(0xffffffffu, mhi, 1));
-            mhi = fmaxf(mhi, __shfl_xor_sync(0xffffffffu, mhi, 2));
-            mlo *= a.scale_log2;
-            mhi *= a.scale_log2;
+            mlo = quad_max(mlo) * a.scale_log2;
+            mhi = quad_max(mhi) * a.scale_log2;
             // (a row that sees none of these keys: max -inf; its terms 2^(-inf - 0) are 0)
             const float olo = mlo == -INFINITY ? 0.0f : mlo, ohi = mhi == -INFINITY ? 0.0f : mhi;
             float llo = 0.0f, lhi = 0.0f;
@@ -430,10 +440,8 @@ __global__ void __launch_bounds__(kProbeThreads, Pass1 ? kProbeBlocksPerSM : 4) 
                     llo += exp2_approx(fmaf(s[nt][e], a.scale_log2, -olo));
                     lhi += exp2_approx(fmaf(s[nt][2 + e], a.scale_log2, -ohi));
                 }
-            llo += __shfl_xor_sync(0xffffffffu, llo, 1);
-            llo += __shfl_xor_sync(0xffffffffu, llo, 2);
-            lhi += __shfl_xor_sync(0xffffffffu, lhi, 1);
-            lhi += __shfl_xor_sync(0xffffffffu, lhi, 2);
+            llo = quad_sum(llo);
+            lhi = quad_sum(lhi);
             if (tq == 0) {
                 float2* w = wst + (t & 1) * 64 + warp * 16;
                 w[gq] = make_float2(mlo, llo);
@@ -624,17 +632,7 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
     const int per_head = nc - first;
     const int n_active = per_head * a.qpk;
     const int n_mine = n_active > z ? (n_active - z + R - 1) / R : 0;
-    struct Cursor {
-        int head, c;  // chunk = head * nc + first + c
-        __device__ void advance(int R, int per_head) {
-            c += R;
-            while (c >= per_head) {
-                c -= per_head;
-                ++head;
-            }
-        }
-    };
-    Cursor issue_at{z / max(per_head, 1), z % max(per_head, 1)}, compute_at = issue_at;
+    ProbeChunkCursor issue_at{z / max(per_head, 1), z % max(per_head, 1)}, compute_at = issue_at;
     const uint4* qsrc = a.qpack + static_cast<std::int64_t>(g) * a.qpk * nc * PIECES + tid;
     auto issue = [&](int i) {
         if (i < n_mine) {
@@ -804,12 +802,8 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
                     mlo = fmaxf(mlo, s[4 * j + e]);
                     mhi = fmaxf(mhi, s[4 * j + 2 + e]);
                 }
-            mlo = fmaxf(mlo, __shfl_xor_sync(0xffffffffu, mlo, 1));
-            mlo = fmaxf(mlo, __shfl_xor_sync(0xffffffffu, mlo, 2));
-            mhi = fmaxf(mhi, __shfl_xor_sync(0xffffffffu, mhi, 1));
-            mhi = fmaxf(mhi, __shfl_xor_sync(0xffffffffu, mhi, 2));
-            mlo *= a.scale_log2;
-            mhi *= a.scale_log2;
+            mlo = quad_max(mlo) * a.scale_log2;
+            mhi = quad_max(mhi) * a.scale_log2;
             const float olo = mlo == -INFINITY ? 0.0f : mlo, ohi = mhi == -INFINITY ? 0.0f : mhi;
             float llo = 0.0f, lhi = 0.0f;
 #pragma unroll
@@ -819,10 +813,8 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
                     llo += exp2_approx(fmaf(s[4 * j + e], a.scale_log2, -olo));
                     lhi += exp2_approx(fmaf(s[4 * j + 2 + e], a.scale_log2, -ohi));
                 }
-            llo += __shfl_xor_sync(0xffffffffu, llo, 1);
-            llo += __shfl_xor_sync(0xffffffffu, llo, 2);
-            lhi += __shfl_xor_sync(0xffffffffu, lhi, 1);
-            lhi += __shfl_xor_sync(0xffffffffu, lhi, 2);
+            llo = quad_sum(llo);
+            lhi = quad_sum(lhi);
             if (tq == 0) {
                 float2* w = wst + (t & 1) * 128 + wg * 64 + 16 * wi;
                 w[gq] = make_float2(mlo, llo);
@@ -838,12 +830,7 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
     } else {
         // The four lanes of a key row (tq) summed in a fixed order; lane tq = 0 writes the row's key.
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            float v = acc[i];
-            v += __shfl_xor_sync(0xffffffffu, v, 1);
-            v += __shfl_xor_sync(0xffffffffu, v, 2);
-            acc[i] = v;
-        }
+        for (int i = 0; i < 2; ++i) acc[i] = quad_sum(acc[i]);
         if (tq == 0) {
             const int klo = kfirst + 16 * wi + gq;
             float* out = a.col + (static_cast<std::int64_t>(z) * a.Hkv + g) * a.n;
