@@ -7,7 +7,7 @@
 // The instructions exist only in code compiled for the arch-specific target sm_90a
 // (VLSPARSE_CUDA_HAS_WGMMA is 1 there); elsewhere every helper is empty, and a kernel that uses them
 // must take another path (the prefill's mma.sync loop) or must not be launched (the host asks
-// wgmma_compiled_in(), below).
+// wgmma_runs_here(), below).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the bulk tensor copy's descriptor); no driver call is made here
@@ -23,13 +23,20 @@
 namespace vlsparse::cuda::detail {
 
 // ---- wgmma (sm_90a) ---------------------------------------------------------------------------------
-// The instructions exist only in code compiled for the arch-specific target sm_90a; elsewhere the
-// helpers are empty and the kernel takes the mma.sync path (kernel flag WG, below).
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define VLSPARSE_CUDA_HAS_WGMMA 1
 #else
 #define VLSPARSE_CUDA_HAS_WGMMA 0
 #endif
+
+// Element offset of 16-byte piece c (8 16-bit elements) of row r in a tile of R rows stored for wgmma's
+// 128-byte swizzle: 64-column planes of R rows x 128 bytes, the piece at (c % 8) ^ (r % 8) of its row
+// (the XOR of address bits 4-6 with 7-9; atoms of 8 rows = 1024 bytes, so tiles start 1024-byte
+// aligned). Conflict-free for ldmatrix too. The prefill's tiles and the probe chunks use it.
+template <int R>
+__host__ __device__ constexpr int swizzle128_offset(int r, int c) {
+    return ((c >> 3) * R + r) * 64 + (((c & 7) ^ (r & 7)) << 3);
+}
 
 // Shared-memory matrix descriptor: start address, leading and stride byte offsets, 128-byte swizzle.
 // K-major B (K for S = Q K^T): SBO = 1024 (the next 8 rows), LBO unused (1). N-major B (V for O += P V,

@@ -247,10 +247,6 @@ void launch_prefill_simt(const PrefillArgs& a, int d, dim3 grid, cudaStream_t st
     check_launch(fn, "prefill_simt_kernel");
 }
 
-// 1 when the kernel's WG instantiation runs wgmma on the current device (sm_90a code loaded), else 0.
-template <int Unused = 0>
-__global__ void prefill_wgmma_probe_kernel(int* out) { *out = VLSPARSE_CUDA_HAS_WGMMA; }
-
 // Launches the kernel, with the status word and the final wait when opt.check_finite.
 template <class T, class TO>
 void launch_prefill(PrefillArgs a, int d, dim3 grid, const PrefillOptions& opt, cudaStream_t stream, const char* fn) {
@@ -285,18 +281,9 @@ void launch_prefill(PrefillArgs a, int d, dim3 grid, const PrefillOptions& opt, 
 }  // namespace detail
 
 // Whether the prefill front ends with PrefillKernel::automatic run on wgmma on the current device: a
-// Hopper GPU (compute capability 9.0) and sm_90a code in this binary. Launches a probe kernel and waits
-// for it: a query for tests, benchmarks and logs, not for the hot path.
-inline bool prefill_uses_wgmma() {
-    constexpr const char* fn = "cuda::prefill_uses_wgmma";
-    if (!detail::device_is_sm90(fn)) return false;
-    DeviceArray<int> flag(1);
-    detail::prefill_wgmma_probe_kernel<><<<1, 1>>>(flag.data());
-    detail::check_launch(fn, "prefill_wgmma_probe_kernel");
-    int h = 0;
-    detail::check_cuda(cudaMemcpy(&h, flag.data(), sizeof(int), cudaMemcpyDeviceToHost), fn, "cudaMemcpy");
-    return h == 1;
-}
+// Hopper GPU (compute capability 9.0) and sm_90a code in this binary (detail::wgmma_runs_here: the first
+// query on a device launches a probe kernel and waits for it). For tests, benchmarks and logs.
+inline bool prefill_uses_wgmma() { return detail::wgmma_runs_here("cuda::prefill_uses_wgmma"); }
 
 // Dense causal prefill: query row i (position n_k - n_q + i) attends to keys 0 .. its position.
 template <ElementType T, OutputElement TO>

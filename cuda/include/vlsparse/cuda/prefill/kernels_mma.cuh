@@ -166,12 +166,10 @@ struct PrefillShape {
     static constexpr int DT = D / 8;             // n8 tiles of O
     static constexpr int TILE = BN * D;          // elements of one K (or V) tile
     static constexpr int STAGES = ST;            // K / V tiles in flight
-    // Element offset of chunk c (8 elements) of row r in a tile of R rows: D / 64 planes of R rows x 64
-    // elements (128 bytes), chunk c of row r in plane c / 8 at chunk (c % 8) ^ (r % 8). That is wgmma's
-    // 128-byte swizzle (the XOR of address bits 4-6 with 7-9; atoms of 8 rows = 1024 bytes, so tiles
-    // start 1024-byte aligned), and conflict-free for ldmatrix. Q tiles have BM rows, K / V tiles BN.
+    // Element offset of chunk c (8 elements) of row r in a tile of R rows, in wgmma's 128-byte swizzle
+    // (hopper.cuh: swizzle128_offset). Q tiles have BM rows, K / V tiles BN.
     template <int R>
-    __device__ static constexpr int swz_rows(int r, int c) { return ((c >> 3) * R + r) * 64 + (((c & 7) ^ (r & 7)) << 3); }
+    __device__ static constexpr int swz_rows(int r, int c) { return swizzle128_offset<R>(r, c); }
     __device__ static constexpr int swz(int r, int c) { return swz_rows<BM>(r, c); }
     __device__ static constexpr int swz_kv(int r, int c) { return swz_rows<BN>(r, c); }
     static constexpr int PLANE_BYTES = BN * 128;    // one 64-column plane of a K / V tile

@@ -96,69 +96,47 @@ private:
 
 inline std::size_t align256(std::size_t b) { return (b + 255) / 256 * 256; }
 
-template <class T, int D>
-void launch_probe_mma(ProbeArgs& a, cudaStream_t stream, const char* fn) {
-    constexpr int KS = D / 16;
-    const int chunks = a.qpk * a.npc;
-    {
-        const std::int64_t total = static_cast<std::int64_t>(a.Hkv) * chunks * KS * 32;
-        launch_dependent(probe_pack_mma_kernel<T, D>, static_cast<unsigned>((total + 255) / 256), 256, 0, stream, fn,
-                         "probe_pack_mma_kernel", a);
-    }
-    constexpr std::size_t shm = probe_cols_smem_bytes<T, D>();
+// The tensor-core probe passes: the packing of q's probe rows (`pack_total` threads), pass 1, the lse
+// merge, pass 2 (grid: key blocks x rsplit, H_kv). Both paths (mma.sync, wgmma) launch this chain.
+template <class Pack, class Pass>
+void launch_probe_chain(ProbeArgs& a, Pack* pack, std::int64_t pack_total, Pass* pass1, Pass* pass2, int threads,
+                        std::size_t shm, const char* const (&names)[3], cudaStream_t stream, const char* fn) {
+    launch_dependent(pack, static_cast<unsigned>((pack_total + 255) / 256), 256, 0, stream, fn, names[0], a);
     const dim3 grid(static_cast<unsigned>(((a.n + kProbeColTile - 1) / kProbeColTile) * a.rsplit), static_cast<unsigned>(a.Hkv));
-    {
-        auto* k1 = probe_cols_mma_kernel<T, D, true>;
-        const cudaError_t attr = cudaFuncSetAttribute(k1, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
-        check_cuda(attr, fn, "cudaFuncSetAttribute");
-        check_cuda(cudaFuncSetAttribute(k1, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared), fn,
+    for (int pass = 1; pass <= 2; ++pass) {
+        Pass* k = pass == 1 ? pass1 : pass2;
+        check_cuda(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm)), fn,
                    "cudaFuncSetAttribute");
-        launch_dependent(k1, grid, kProbeThreads, shm, stream, fn, "probe_cols_mma_kernel (pass 1)", a);
-    }
-    {
-        const std::int64_t rows = static_cast<std::int64_t>(a.Hkv) * chunks * 16;  // a warp each
-        launch_dependent(probe_lse_kernel<>, static_cast<unsigned>((rows + 7) / 8), 256, 0, stream, fn,
-                         "probe_lse_kernel", a);
-    }
-    {
-        auto* k2 = probe_cols_mma_kernel<T, D, false>;
-        const cudaError_t attr = cudaFuncSetAttribute(k2, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm));
-        check_cuda(attr, fn, "cudaFuncSetAttribute");
-        check_cuda(cudaFuncSetAttribute(k2, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared), fn,
+        check_cuda(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared), fn,
                    "cudaFuncSetAttribute");
-        launch_dependent(k2, grid, kProbeThreads, shm, stream, fn, "probe_cols_mma_kernel (pass 2)", a);
+        launch_dependent(k, grid, threads, shm, stream, fn, names[pass], a);
+        if (pass == 1) {
+            const std::int64_t rows = static_cast<std::int64_t>(a.Hkv) * a.qpk * a.npc * 16;  // a warp each
+            launch_dependent(probe_lse_kernel<>, static_cast<unsigned>((rows + 7) / 8), 256, 0, stream, fn,
+                             "probe_lse_kernel", a);
+        }
     }
 }
 
-// The wgmma passes (sm_90a; npc a multiple of 4): the same kernels around them as launch_probe_mma.
+// mma.sync: 16-row chunks.
+template <class T, int D>
+void launch_probe_mma(ProbeArgs& a, cudaStream_t stream, const char* fn) {
+    static const char* const names[3] = {"probe_pack_mma_kernel", "probe_cols_mma_kernel (pass 1)",
+                                         "probe_cols_mma_kernel (pass 2)"};
+    const std::int64_t total = static_cast<std::int64_t>(a.Hkv) * a.qpk * a.npc * (D / 16) * 32;
+    launch_probe_chain(a, probe_pack_mma_kernel<T, D>, total, probe_cols_mma_kernel<T, D, true>,
+                       probe_cols_mma_kernel<T, D, false>, kProbeThreads, probe_cols_smem_bytes<T, D>(), names, stream, fn);
+}
+
+// wgmma (sm_90a; npc a multiple of 4): 64-row chunks.
 template <class T, int D>
 void launch_probe_wg(ProbeArgs& a, cudaStream_t stream, const char* fn) {
     using S = ProbeWgShape<D>;
-    const std::int64_t chunks = static_cast<std::int64_t>(a.qpk) * (a.npc / 4);
-    {
-        const std::int64_t total = static_cast<std::int64_t>(a.Hkv) * chunks * kProbeWgRows * S::CH;
-        launch_dependent(probe_pack_wg_kernel<T, D>, static_cast<unsigned>((total + 255) / 256), 256, 0, stream, fn,
-                         "probe_pack_wg_kernel", a);
-    }
-    constexpr std::size_t shm = S::smem_bytes();
-    const dim3 grid(static_cast<unsigned>(((a.n + kProbeColTile - 1) / kProbeColTile) * a.rsplit), static_cast<unsigned>(a.Hkv));
-    {
-        auto* k1 = probe_cols_wg_kernel<T, D, true>;
-        check_cuda(cudaFuncSetAttribute(k1, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm)), fn,
-                   "cudaFuncSetAttribute");
-        launch_dependent(k1, grid, kProbeWgThreads, shm, stream, fn, "probe_cols_wg_kernel (pass 1)", a);
-    }
-    {
-        const std::int64_t rows = static_cast<std::int64_t>(a.Hkv) * a.qpk * a.npc * 16;  // a warp each
-        launch_dependent(probe_lse_kernel<>, static_cast<unsigned>((rows + 7) / 8), 256, 0, stream, fn,
-                         "probe_lse_kernel", a);
-    }
-    {
-        auto* k2 = probe_cols_wg_kernel<T, D, false>;
-        check_cuda(cudaFuncSetAttribute(k2, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm)), fn,
-                   "cudaFuncSetAttribute");
-        launch_dependent(k2, grid, kProbeWgThreads, shm, stream, fn, "probe_cols_wg_kernel (pass 2)", a);
-    }
+    static const char* const names[3] = {"probe_pack_wg_kernel", "probe_cols_wg_kernel (pass 1)",
+                                         "probe_cols_wg_kernel (pass 2)"};
+    const std::int64_t total = static_cast<std::int64_t>(a.Hkv) * a.qpk * (a.npc / 4) * kProbeWgRows * S::CH;
+    launch_probe_chain(a, probe_pack_wg_kernel<T, D>, total, probe_cols_wg_kernel<T, D, true>,
+                       probe_cols_wg_kernel<T, D, false>, kProbeWgThreads, S::smem_bytes(), names, stream, fn);
 }
 
 // Which tensor-core probe passes run: 0 the automatic choice (wgmma where it runs and the probe rows fill

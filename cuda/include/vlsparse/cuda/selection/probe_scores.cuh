@@ -501,7 +501,7 @@ __global__ void __launch_bounds__(kProbeThreads, Pass1 ? kProbeBlocksPerSM : 4) 
 
 // The same arithmetic as probe_cols_mma_kernel, shaped for wgmma (sm_90a): a block owns 128 keys of one
 // KV head (two warpgroups, keys 0-63 and 64-127 of the block) and streams the probe rows in chunks of 64
-// (packed once by probe_pack_wg_kernel in the layout of the swizzled shared-memory tile, so a chunk is
+// (packed once by probe_pack_wg_kernel in the layout of the swizzled shared-memory tile (swizzle128_offset), so a chunk is
 // one contiguous 16-byte-piece copy). Both warpgroups compute each chunk against their half of the keys:
 //   Pass1: S = chunk K^T (m64n64k16, both operands by descriptor: the chunk's rows and the half's
 //          keys); per row, (max, sum) over the half; the two halves merged in a fixed order -> part.
@@ -527,12 +527,6 @@ struct ProbeWgShape {
     static constexpr int META_BYTES = kProbeWgRows * 8;          // a chunk's positions and lse
     static constexpr int K_PLANE = kProbeColTile * 128;          // one 64-column plane of the key tile
     static constexpr int C_PLANE = kProbeWgRows * 128;           // of a chunk
-    // Element offset of piece c of row r in a tile of R rows: D / 64 planes of R rows x 128 bytes, the
-    // piece at (c % 8) ^ (r % 8) of its row (wgmma's 128-byte swizzle; the prefill's layout).
-    template <int R>
-    __host__ __device__ static constexpr int swz(int r, int c) {
-        return ((c >> 3) * R + r) * 64 + (((c & 7) ^ (r & 7)) << 3);
-    }
     // key tile, chunk ring, chunk metadata, pass 1's per-half row statistics [2][2][64], alignment slack
     static constexpr std::size_t smem_bytes() {
         return static_cast<std::size_t>(KTILE_BYTES) + kProbeWgStages * (CHUNK_BYTES + META_BYTES) +
@@ -541,7 +535,7 @@ struct ProbeWgShape {
 };
 
 // One thread per 16-byte piece of the packed chunks [H_kv][qpk * npc / 4][64 rows x D] (each chunk in
-// ProbeWgShape's swizzled layout); dims past d and padding rows are 0.
+// wgmma's 128-byte swizzle: swizzle128_offset); dims past d and padding rows are 0.
 template <class T, int D>
 __global__ void probe_pack_wg_kernel(const ProbeArgs a) {
     dependent_entry();  // programmatic dependent launch: see common.cuh
@@ -571,7 +565,7 @@ __global__ void probe_pack_wg_kernel(const ProbeArgs a) {
     f.y = pack_pair<T>(x[2], x[3]);
     f.z = pack_pair<T>(x[4], x[5]);
     f.w = pack_pair<T>(x[6], x[7]);
-    const std::int64_t at = (static_cast<std::int64_t>(g) * chunks + ch) * (kProbeWgRows * D) + S::template swz<kProbeWgRows>(r, c);
+    const std::int64_t at = (static_cast<std::int64_t>(g) * chunks + ch) * (kProbeWgRows * D) + swizzle128_offset<kProbeWgRows>(r, c);
     const_cast<uint4*>(a.qpack)[at / 8] = f;
     if (bad && a.status) atomicOr(a.status, kInputNonFinite);
 }
@@ -613,7 +607,7 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
             const int r = i / CH, c = i % CH;
             const int key = col0 + r;
             const bool ok = key < a.n && c * 8 < a.d;
-            copy16_async(ktile + S::template swz<kProbeColTile>(r, c), ok ? kbase + static_cast<std::int64_t>(key) * a.k_s0 + c * 8 : kbase, ok);
+            copy16_async(ktile + swizzle128_offset<kProbeColTile>(r, c), ok ? kbase + static_cast<std::int64_t>(key) * a.k_s0 + c * 8 : kbase, ok);
         }
         copy_commit();
     }
@@ -664,7 +658,7 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
         unsigned hits = 0;
         if (z == 0) {
             for (int i = tid; i < kProbeColTile * CH; i += kProbeWgThreads) {
-                const uint4 w = *reinterpret_cast<const uint4*>(ktile + S::template swz<kProbeColTile>(i / CH, i % CH));
+                const uint4 w = *reinterpret_cast<const uint4*>(ktile + swizzle128_offset<kProbeColTile>(i / CH, i % CH));
                 hits |= __vcmpeq2(w.x & E, E) | __vcmpeq2(w.y & E, E) | __vcmpeq2(w.z & E, E) | __vcmpeq2(w.w & E, E);
             }
         }
@@ -683,15 +677,15 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
     int prev_chunk = 0;
     const int kfirst = col0 + 64 * wg;  // this warpgroup's first key
     float acc[2] = {0.0f, 0.0f};        // pass 2: keys kfirst + 16 wi + gq (+ 8)
+    // Chunk u in its stage, visible to every thread and to the tensor cores; the copy of chunk u + AHEAD
+    // issued (into the stage of chunk u - 1, which every thread is done with).
+    auto ready = [&](int u) {
+        copy_wait<AHEAD - 1>();
+        fence_proxy_async_shared();
+        __syncthreads();
+        issue(u + AHEAD);
+    };
     if constexpr (!Pass1) {
-        // Chunk u in its stage, visible to every thread and to the tensor cores; the copy of chunk
-        // u + AHEAD issued (into the stage of chunk u - 1, whose terms every thread has summed).
-        auto ready = [&](int u) {
-            copy_wait<AHEAD - 1>();
-            fence_proxy_async_shared();
-            __syncthreads();
-            issue(u + AHEAD);
-        };
         // This warpgroup's 64 keys as wgmma A fragments for the whole block (each warp 16 rows: the
         // mma.sync A layout), then S^T of the chunk in stage st with the chunk's rows (B) by descriptor.
         unsigned kf[KS][4];
@@ -699,7 +693,7 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
             const int r = 64 * wg + 16 * wi + (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
             for (int ks = 0; ks < KS; ++ks)
-                ldsm_x4(kf[ks][0], kf[ks][1], kf[ks][2], kf[ks][3], ktile + S::template swz<kProbeColTile>(r, 2 * ks + (lane >> 4)));
+                ldsm_x4(kf[ks][0], kf[ks][1], kf[ks][2], kf[ks][3], ktile + swizzle128_offset<kProbeColTile>(r, 2 * ks + (lane >> 4)));
         }
         auto products = [&](float (&s)[32], int st) {
             const unsigned caddr = raddr + st * S::CHUNK_BYTES;
@@ -764,10 +758,7 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
     }
     // Pass 1.
     for (int t = 0; Pass1 && t < n_mine; ++t) {
-        copy_wait<AHEAD - 1>();
-        fence_proxy_async_shared();
-        __syncthreads();
-        issue(t + AHEAD);
+        ready(t);
         if (t > 0 && tid < 64) flush_stats(t - 1, prev_chunk);
         const int ch = compute_at.head * nc + first + compute_at.c;
         compute_at.advance(R, per_head);
