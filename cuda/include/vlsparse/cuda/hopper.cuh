@@ -124,6 +124,25 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, i
     (void)dst, (void)map, (void)c0, (void)c1, (void)c2, (void)bar;
 #endif
 }
+// A contiguous copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global into shared
+// memory by the bulk copy engine, completing on bar (whose phase expects the bytes: mbar_arrive_expect_tx).
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, std::uint64_t* bar) {
+#if VLSPARSE_CUDA_HAS_WGMMA
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     static_cast<unsigned>(__cvta_generic_to_shared(dst))),
+                 "l"(src), "r"(bytes), "r"(static_cast<unsigned>(__cvta_generic_to_shared(bar)))
+                 : "memory");
+#else
+    (void)dst, (void)src, (void)bytes, (void)bar;
+#endif
+}
+// Named barrier `Id` (1-15; 0 is __syncthreads') over the first `Threads` threads of the block: the
+// consumer warps of a warp-specialized block, without its producer.
+template <int Id, int Threads>
+__device__ __forceinline__ void named_barrier_sync() {
+    static_assert(Id > 0 && Id < 16 && Threads % 32 == 0, "a named barrier over whole warps");
+    asm volatile("bar.sync %0, %1;\n" ::"n"(Id), "n"(Threads) : "memory");
+}
 template <int N>
 __device__ __forceinline__ void set_max_regs_inc() {
 #if VLSPARSE_CUDA_HAS_WGMMA
@@ -200,6 +219,27 @@ __device__ __forceinline__ void wgmma_reg_fence_u(unsigned (&r)[M][N]) {
                    "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
                  : "l"(desc_a), "l"(desc_b), "r"(scale_d))
 
+// D[64 x 128] (+)= A[64 x 16] * B[16 x 128], both from shared memory (descriptors, K-major).
+#define VLSPARSE_WGMMA_SS_N128(TY) \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, " \
+                 "%64, %65, p, 1, 1, 0, 0;\n}\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
+                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
+                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
+                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), \
+                   "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
+                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
+                   "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), \
+                   "+f"(d[63]) \
+                 : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+
 template <class T, int TN>
 __device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
                                              std::uint64_t desc, int scale_d) {
@@ -229,7 +269,17 @@ __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], std::uint64_t desc_
     (void)d, (void)desc_a, (void)desc_b, (void)scale_d;
 #endif
 }
+template <class T>
+__device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], std::uint64_t desc_a, std::uint64_t desc_b, int scale_d) {
+#if VLSPARSE_CUDA_HAS_WGMMA
+    if constexpr (std::is_same_v<T, bfloat16>) VLSPARSE_WGMMA_SS_N128("bf16");
+    else VLSPARSE_WGMMA_SS_N128("f16");
+#else
+    (void)d, (void)desc_a, (void)desc_b, (void)scale_d;
+#endif
+}
 #undef VLSPARSE_WGMMA_RS_N64
+#undef VLSPARSE_WGMMA_SS_N128
 #undef VLSPARSE_WGMMA_RS_N128
 #undef VLSPARSE_WGMMA_SS_N64
 

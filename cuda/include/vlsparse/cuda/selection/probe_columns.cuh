@@ -228,7 +228,7 @@ public:
             check_cuda(cudaGetDevice(&dev), fn, "cudaGetDevice");
             check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), fn, "cudaDeviceGetAttribute");
             const std::int64_t blocks = ((n + kProbeColTile - 1) / kProbeColTile) * Hkv;
-            // (wgmma: one wave of 2 blocks of 256 threads per multiprocessor is enough: more splits add
+            // (wgmma: one wave of 2 blocks of 288 threads per multiprocessor is enough: more splits add
             // blocks whose start -- the key tile, the chunk search -- costs more than their chunks)
             const std::int64_t want = wg ? 2 * sms : 8 * sms;
             rsplit = static_cast<int>(std::clamp<std::int64_t>((want + blocks - 1) / blocks, 1, 8));

@@ -497,25 +497,27 @@ __global__ void __launch_bounds__(kProbeThreads, Pass1 ? kProbeBlocksPerSM : 4) 
     }
 }
 
-// ---- both passes on Hopper's wgmma: 64-row probe chunks, the key block's two halves per warpgroup ------
+// ---- both passes on Hopper's wgmma: 64-row probe chunks streamed past a 128-key block ------------------
 
 // The same arithmetic as probe_cols_mma_kernel, shaped for wgmma (sm_90a): a block owns 128 keys of one
-// KV head (two warpgroups, keys 0-63 and 64-127 of the block) and streams the probe rows in chunks of 64
-// (packed once by probe_pack_wg_kernel in the layout of the swizzled shared-memory tile (swizzle128_offset), so a chunk is
-// one contiguous 16-byte-piece copy). Both warpgroups compute each chunk against their half of the keys:
-//   Pass1: S = chunk K^T (m64n64k16, both operands by descriptor: the chunk's rows and the half's
-//          keys); per row, (max, sum) over the half; the two halves merged in a fixed order -> part.
-//   else:  S^T = K chunk^T (the half's keys as A fragments held for the whole block, the chunk by
-//          descriptor); per key, the sum over the chunk's rows of 2^(c s - lse[row]) -> col.
-// Per chunk and warpgroup: eight wgmma (d = 128) and 32 elements per thread, against the mma.sync
-// kernel's 16-row chunks (one block barrier per 16 rows, 32 mma.sync and about 350 instructions per warp).
-// (Measured, ZipVL at 16K, H200: pass 1 77 -> 56 us, pass 2 54 -> 43 us. Pass 1 with the chunk's rows as
-// register fragments by ldmatrix: 58 us.)
+// KV head and streams the probe rows in chunks of 64 (packed once by probe_pack_wg_kernel in the layout
+// of the swizzled shared-memory tile (swizzle128_offset), so a chunk is one contiguous bulk copy). A
+// producer warp copies the chunks into a ring; two warpgroups compute them:
+//   Pass1: the warpgroups take the chunks in turn; S = chunk K^T (m64n128k16, both operands by
+//          descriptor: the chunk's rows and the block's keys); per row, (max, sum) over the block's
+//          keys -> part.
+//   else:  both warpgroups take every chunk, each against its half of the keys: S^T = K chunk^T (the
+//          half's keys as A fragments held for the whole block, the chunk by descriptor); per key, the
+//          sum over the chunk's rows of 2^(c s - lse[row]) -> col.
+// Against the mma.sync kernel's 16-row chunks (one block barrier per 16 rows, 32 mma.sync and about 350
+// instructions per warp), a chunk is eight wgmma per warpgroup and no block barrier.
+// (Measured, ZipVL at 16K: see docs/cuda.md, the notes of sessions 25 and 26.)
 // Heads' probe lists are padded to a multiple of 64 rows (npc a multiple of 4); everything the lse and
 // score kernels read keeps the layout of the mma.sync path.
-inline constexpr int kProbeWgRows = 64;       // probe rows per chunk
-inline constexpr int kProbeWgThreads = 256;   // two warpgroups
-inline constexpr int kProbeWgStages = 4;      // chunks in flight
+inline constexpr int kProbeWgRows = 64;                          // probe rows per chunk
+inline constexpr int kProbeWgConsumers = 256;                    // two warpgroups
+inline constexpr int kProbeWgThreads = kProbeWgConsumers + 32;   // and the producer warp
+inline constexpr int kProbeWgStages = 4;                         // chunks in flight
 
 template <int D>
 struct ProbeWgShape {
@@ -527,10 +529,10 @@ struct ProbeWgShape {
     static constexpr int META_BYTES = kProbeWgRows * 8;          // a chunk's positions and lse
     static constexpr int K_PLANE = kProbeColTile * 128;          // one 64-column plane of the key tile
     static constexpr int C_PLANE = kProbeWgRows * 128;           // of a chunk
-    // key tile, chunk ring, chunk metadata, pass 1's per-half row statistics [2][2][64], alignment slack
+    // key tile, chunk ring, chunk metadata, the stages' mbarriers (full, empty), alignment slack
     static constexpr std::size_t smem_bytes() {
-        return static_cast<std::size_t>(KTILE_BYTES) + kProbeWgStages * (CHUNK_BYTES + META_BYTES) +
-               2 * 2 * kProbeWgRows * 8 + 1024;
+        return static_cast<std::size_t>(KTILE_BYTES) + kProbeWgStages * (CHUNK_BYTES + META_BYTES) + 2 * kProbeWgStages * 8 +
+               1024;
     }
 };
 
@@ -570,25 +572,28 @@ __global__ void probe_pack_wg_kernel(const ProbeArgs a) {
     if (bad && a.status) atomicOr(a.status, kInputNonFinite);
 }
 
-// Grid: (ceil(n / 128) x rsplit, H_kv), 256 threads; block (x, g) owns keys 128 y .. + 127 of KV head g,
-// y = x / rsplit, and the chunks t = z, z + rsplit, ... of its active ones (z = x % rsplit; per head the
-// chunks whose last probe is at or after the block's first key). Only launched where wgmma runs
-// (wgmma_runs_here): compiled without sm_90a, the body is empty.
+// Grid: (ceil(n / 128) x rsplit, H_kv), 288 threads: two consumer warpgroups and a producer warp; block
+// (x, g) owns keys 128 y .. + 127 of KV head g, y = x / rsplit, and the chunks t = z, z + rsplit, ... of
+// its active ones (z = x % rsplit; per head the chunks whose last probe is at or after the block's first
+// key). The producer's one thread copies each chunk (16 KiB at d = 128), its positions and (pass 2) its
+// lse into a ring stage by the bulk copy engine; the warpgroups wait on the stage's full barrier and
+// release it on its empty barrier, each at its own pace (no block barrier per chunk; in pass 1 neither
+// warpgroup waits for the other). Only launched where
+// wgmma runs (wgmma_runs_here): compiled without sm_90a, the body is empty.
 template <class T, int D, bool Pass1>
 __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const __grid_constant__ ProbeArgs a) {
     dependent_entry();  // programmatic dependent launch: see common.cuh
 #if VLSPARSE_CUDA_HAS_WGMMA
     using S = ProbeWgShape<D>;
-    constexpr int KS = S::KS, CH = S::CH, ST = kProbeWgStages;
-    constexpr int PIECES = S::CHUNK_BYTES / 16;
-    static_assert(PIECES % kProbeWgThreads == 0, "whole pieces per thread");
+    constexpr int KS = S::KS, CH = S::CH, ST = kProbeWgStages, NC = kProbeWgConsumers;
     extern __shared__ __align__(16) unsigned char probe_wg_smem[];
     const unsigned raw = static_cast<unsigned>(__cvta_generic_to_shared(probe_wg_smem));
     unsigned char* base = probe_wg_smem + ((1024u - (raw & 1023u)) & 1023u);  // 1024-byte aligned (swizzle atoms)
     T* ktile = reinterpret_cast<T*>(base);
     unsigned char* ring = base + S::KTILE_BYTES;
     unsigned char* meta = ring + ST * S::CHUNK_BYTES;                             // [ST][positions 64, lse 64]
-    float2* wst = reinterpret_cast<float2*>(meta + ST * S::META_BYTES);           // [2][half][64]
+    std::uint64_t* full_bar = reinterpret_cast<std::uint64_t*>(meta + ST * S::META_BYTES);
+    std::uint64_t* empty_bar = full_bar + ST;
     const unsigned kaddr = static_cast<unsigned>(__cvta_generic_to_shared(ktile));
     const unsigned raddr = static_cast<unsigned>(__cvta_generic_to_shared(ring));
     const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wi = (tid >> 5) & 3;
@@ -600,18 +605,12 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
     const std::int64_t rows = static_cast<std::int64_t>(a.qpk) * a.npc * 16;
     const int ncb = (a.n + kProbeColTile - 1) / kProbeColTile;
 
-    // The block's keys, zero past n and d.
-    {
-        const T* kbase = static_cast<const T*>(a.k) + static_cast<std::int64_t>(g) * a.k_s1;
-        for (int i = tid; i < kProbeColTile * CH; i += kProbeWgThreads) {
-            const int r = i / CH, c = i % CH;
-            const int key = col0 + r;
-            const bool ok = key < a.n && c * 8 < a.d;
-            copy16_async(ktile + swizzle128_offset<kProbeColTile>(r, c), ok ? kbase + static_cast<std::int64_t>(key) * a.k_s0 + c * 8 : kbase, ok);
+    if (tid == 0) {
+        for (int st = 0; st < ST; ++st) {
+            mbar_init(full_bar + st, 1);                        // the producer's arrive (with the bytes)
+            mbar_init(empty_bar + st, Pass1 ? NC / 2 : NC);  // every thread of the warpgroup(s) that read the chunk
         }
-        copy_commit();
     }
-
     // Active chunks of each head: those whose last probe is at or after col0 (a suffix).
     int first;
     {
@@ -626,30 +625,46 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
     const int per_head = nc - first;
     const int n_active = per_head * a.qpk;
     const int n_mine = n_active > z ? (n_active - z + R - 1) / R : 0;
-    ProbeChunkCursor issue_at{z / max(per_head, 1), z % max(per_head, 1)}, compute_at = issue_at;
-    const uint4* qsrc = a.qpack + static_cast<std::int64_t>(g) * a.qpk * nc * PIECES + tid;
-    auto issue = [&](int i) {
-        if (i < n_mine) {
-            const int cc = first + issue_at.c;
-            const int ch = issue_at.head * nc + cc;
-            unsigned char* dst = ring + (i % ST) * S::CHUNK_BYTES + tid * 16;
-            const uint4* src = qsrc + static_cast<std::int64_t>(ch) * PIECES;
-#pragma unroll
-            for (int k = 0; k < PIECES / kProbeWgThreads; ++k) copy16_async(dst + k * kProbeWgThreads * 16, src + k * kProbeWgThreads);
-            unsigned char* md = meta + (i % ST) * S::META_BYTES;
-            if (tid < 16) copy16_async(md + tid * 16, a.pos + cc * kProbeWgRows + tid * 4);
-            else if (!Pass1 && tid < 32)
-                copy16_async(md + 256 + (tid - 16) * 16, a.lse + g * rows + static_cast<std::int64_t>(ch) * kProbeWgRows + (tid - 16) * 4);
-            issue_at.advance(R, per_head);
+    ProbeChunkCursor compute_at{z / max(per_head, 1), z % max(per_head, 1)};
+    __syncthreads();  // the barriers initialized (the last block-wide barrier: the producer leaves early)
+
+    if (tid >= NC) {
+        // The producer: chunk i into stage i % ST once the consumers have released the stage's last chunk.
+        if (tid == NC) {
+            const unsigned char* qsrc = reinterpret_cast<const unsigned char*>(a.qpack) +
+                                        static_cast<std::int64_t>(g) * a.qpk * nc * S::CHUNK_BYTES;
+            ProbeChunkCursor at = compute_at;
+            for (int i = 0; i < n_mine; ++i) {
+                const int st = i % ST;
+                if (i >= ST) mbar_wait(empty_bar + st, static_cast<unsigned>((i / ST - 1) & 1));
+                const int cc = first + at.c;
+                const int ch = at.head * nc + cc;
+                mbar_arrive_expect_tx(full_bar + st, S::CHUNK_BYTES + (Pass1 ? 256 : 512));
+                bulk_load(ring + st * S::CHUNK_BYTES, qsrc + static_cast<std::int64_t>(ch) * S::CHUNK_BYTES, S::CHUNK_BYTES,
+                          full_bar + st);
+                unsigned char* md = meta + st * S::META_BYTES;
+                bulk_load(md, a.pos + cc * kProbeWgRows, 256, full_bar + st);
+                if (!Pass1) bulk_load(md + 256, a.lse + g * rows + static_cast<std::int64_t>(ch) * kProbeWgRows, 256, full_bar + st);
+                at.advance(R, per_head);
+            }
+        }
+        return;
+    }
+
+    // The block's keys, zero past n and d (the consumers' copies; the producer's chunks are in flight).
+    {
+        const T* kbase = static_cast<const T*>(a.k) + static_cast<std::int64_t>(g) * a.k_s1;
+        for (int i = tid; i < kProbeColTile * CH; i += NC) {
+            const int r = i / CH, c = i % CH;
+            const int key = col0 + r;
+            const bool ok = key < a.n && c * 8 < a.d;
+            copy16_async(ktile + swizzle128_offset<kProbeColTile>(r, c), ok ? kbase + static_cast<std::int64_t>(key) * a.k_s0 + c * 8 : kbase, ok);
         }
         copy_commit();
-    };
-    constexpr int AHEAD = ST - 1;  // chunks in flight ahead of the one computed
-#pragma unroll
-    for (int s = 0; s < AHEAD; ++s) issue(s);
-    copy_wait<AHEAD>();  // the key tile (the oldest group)
+    }
+    copy_wait<0>();
     fence_proxy_async_shared();
-    __syncthreads();
+    named_barrier_sync<1, NC>();  // the key tile, for every consumer and the tensor cores
 
     if constexpr (Pass1) {
         // Pass 1 reads every element of K: the first of a key block's rsplit blocks checks its tile.
@@ -657,7 +672,7 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
         constexpr unsigned E = std::is_same_v<T, bfloat16> ? 0x7f807f80u : 0x7c007c00u;
         unsigned hits = 0;
         if (z == 0) {
-            for (int i = tid; i < kProbeColTile * CH; i += kProbeWgThreads) {
+            for (int i = tid; i < kProbeColTile * CH; i += NC) {
                 const uint4 w = *reinterpret_cast<const uint4*>(ktile + swizzle128_offset<kProbeColTile>(i / CH, i % CH));
                 hits |= __vcmpeq2(w.x & E, E) | __vcmpeq2(w.y & E, E) | __vcmpeq2(w.z & E, E) | __vcmpeq2(w.w & E, E);
             }
@@ -665,26 +680,8 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
         if (hits != 0 && a.status) atomicOr(a.status, kInputNonFinite);
     }
 
-    // Pass 1: chunk t's two halves' row statistics merged (half 0 first) and written by threads 0-63.
-    auto flush_stats = [&](int t, int ch) {
-        const float2* w = wst + (t & 1) * 128;
-        float m = -INFINITY, l = 0.0f;
-        merge_ml(m, l, w[tid].x, w[tid].y);
-        merge_ml(m, l, w[64 + tid].x, w[64 + tid].y);
-        const std::int64_t row = static_cast<std::int64_t>(g) * rows + static_cast<std::int64_t>(ch) * kProbeWgRows + tid;
-        a.part[row * ncb + kb] = make_float2(m, l);
-    };
-    int prev_chunk = 0;
+    auto wait_full = [&](int t) { mbar_wait(full_bar + t % ST, static_cast<unsigned>((t / ST) & 1)); };
     const int kfirst = col0 + 64 * wg;  // this warpgroup's first key
-    float acc[2] = {0.0f, 0.0f};        // pass 2: keys kfirst + 16 wi + gq (+ 8)
-    // Chunk u in its stage, visible to every thread and to the tensor cores; the copy of chunk u + AHEAD
-    // issued (into the stage of chunk u - 1, which every thread is done with).
-    auto ready = [&](int u) {
-        copy_wait<AHEAD - 1>();
-        fence_proxy_async_shared();
-        __syncthreads();
-        issue(u + AHEAD);
-    };
     if constexpr (!Pass1) {
         // This warpgroup's 64 keys as wgmma A fragments for the whole block (each warp 16 rows: the
         // mma.sync A layout), then S^T of the chunk in stage st with the chunk's rows (B) by descriptor.
@@ -708,6 +705,7 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
         };
         // s[4 j + e]: key kfirst + 16 wi + gq (+ 8 for e >= 2), chunk row 8 j + 2 tq + (e & 1).
         const int klo = kfirst + 16 * wi + gq, khi = klo + 8;
+        float acc[2] = {0.0f, 0.0f};
         auto terms = [&](float (&s)[32], int st) {
             const int* pos = reinterpret_cast<const int*>(meta + st * S::META_BYTES);
             const float* lse = reinterpret_cast<const float*>(meta + st * S::META_BYTES + 256);
@@ -724,6 +722,7 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
                 lc[2 * j + 1] = ll.y;
                 pmin = min(pmin, min(pp.x, pp.y));
             }
+            mbar_arrive(empty_bar + st);  // (the stage's last read by this thread; the products are done)
             // Every row of the chunk sees every key of this warp (the common case): no mask.
             const bool full = __all_sync(0xffffffffu, pmin >= kfirst + 16 * wi + 15);
             float alo = 0.0f, ahi = 0.0f;
@@ -749,44 +748,58 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
         // slower: 43.3 -> 46.9 us at 16K, H200.)
         for (int t = 0; t < n_mine; ++t) {
             float s[32];
-            ready(t);
+            wait_full(t);
             products(s, t % ST);
             wgmma_wait<0>();
             wgmma_reg_fence(s);
             terms(s, t % ST);
         }
-    }
-    // Pass 1.
-    for (int t = 0; Pass1 && t < n_mine; ++t) {
-        ready(t);
-        if (t > 0 && tid < 64) flush_stats(t - 1, prev_chunk);
-        const int ch = compute_at.head * nc + first + compute_at.c;
-        compute_at.advance(R, per_head);
-        const int st = t % ST;
-        const int* pos = reinterpret_cast<const int*>(meta + st * S::META_BYTES);
-        float s[32];
-        if constexpr (Pass1) {
-            const unsigned caddr = raddr + st * S::CHUNK_BYTES;
-            // Both operands by descriptor: the chunk's rows (A, K-major) and this half's keys (B).
-            wgmma_reg_fence(s);
-            wgmma_fence();
+        // The four lanes of a key row (tq) summed in a fixed order; lane tq = 0 writes the row's key.
 #pragma unroll
-            for (int ks = 0; ks < KS; ++ks)
-                wgmma_ss_n64<T>(s, wgmma_desc(caddr + (ks >> 2) * S::C_PLANE + (ks & 3) * 32, 16, 1024),
-                                wgmma_desc(kaddr + wg * 64 * 128 + (ks >> 2) * S::K_PLANE + (ks & 3) * 32, 16, 1024), ks > 0);
-            wgmma_commit();
+        for (int i = 0; i < 2; ++i) acc[i] = quad_sum(acc[i]);
+        if (tq == 0) {
+            float* out = a.col + (static_cast<std::int64_t>(z) * a.Hkv + g) * a.n;
+            if (klo < a.n) out[klo] = acc[0];
+            if (khi < a.n) out[khi] = acc[1];
+        }
+    } else {
+        // The warpgroups take the block's chunks in turn (warpgroup wg: the chunks t = wg, wg + 2, ...),
+        // each against all 128 keys: S = chunk K^T as m64n128k16, both operands by descriptor (the chunk's
+        // rows, A, K-major; the key tile, B). A row's (max, sum) over the block's keys is then one
+        // warpgroup's, written without waiting for the other.
+        // s[4 j + e]: row 16 wi + gq (+ 8 for e >= 2), key col0 + 8 j + 2 tq + (e & 1).
+        ProbeChunkCursor at = compute_at;
+        if (wg == 1) at.advance(R, per_head);
+        for (int t = wg; t < n_mine; t += 2) {
+            const int st = t % ST;
+            const int ch = at.head * nc + first + at.c;
+            at.advance(R, per_head);
+            at.advance(R, per_head);
+            float s[64];
+            wait_full(t);
+            {
+                const unsigned caddr = raddr + st * S::CHUNK_BYTES;
+                wgmma_reg_fence(s);
+                wgmma_fence();
+#pragma unroll
+                for (int ks = 0; ks < KS; ++ks)
+                    wgmma_ss_n128<T>(s, wgmma_desc(caddr + (ks >> 2) * S::C_PLANE + (ks & 3) * 32, 16, 1024),
+                                     wgmma_desc(kaddr + (ks >> 2) * S::K_PLANE + (ks & 3) * 32, 16, 1024), ks > 0);
+                wgmma_commit();
+            }
+            const int* pos = reinterpret_cast<const int*>(meta + st * S::META_BYTES);
+            const int p_lo = pos[16 * wi + gq], p_hi = pos[16 * wi + gq + 8];
             wgmma_wait<0>();
             wgmma_reg_fence(s);
-            // s[4 j + e]: row 16 wi + gq (+ 8 for e >= 2), key kfirst + 8 j + 2 tq + (e & 1).
-            const int p_lo = pos[16 * wi + gq], p_hi = pos[16 * wi + gq + 8];
-            const bool full = __all_sync(0xffffffffu, min(p_lo, p_hi) >= kfirst + 63);
+            mbar_arrive(empty_bar + st);  // (the stage's last read by this thread; the products are done)
+            const bool full = __all_sync(0xffffffffu, min(p_lo, p_hi) >= col0 + kProbeColTile - 1);
             float mlo = -INFINITY, mhi = -INFINITY;
 #pragma unroll
-            for (int j = 0; j < 8; ++j)
+            for (int j = 0; j < 16; ++j)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     if (!full) {
-                        const int key = kfirst + 8 * j + 2 * tq + e;
+                        const int key = col0 + 8 * j + 2 * tq + e;
                         if (key > p_lo) s[4 * j + e] = -INFINITY;
                         if (key > p_hi) s[4 * j + 2 + e] = -INFINITY;
                     }
@@ -798,7 +811,7 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
             const float olo = mlo == -INFINITY ? 0.0f : mlo, ohi = mhi == -INFINITY ? 0.0f : mhi;
             float llo = 0.0f, lhi = 0.0f;
 #pragma unroll
-            for (int j = 0; j < 8; ++j)
+            for (int j = 0; j < 16; ++j)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     llo += exp2_approx(fmaf(s[4 * j + e], a.scale_log2, -olo));
@@ -807,26 +820,10 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
             llo = quad_sum(llo);
             lhi = quad_sum(lhi);
             if (tq == 0) {
-                float2* w = wst + (t & 1) * 128 + wg * 64 + 16 * wi;
-                w[gq] = make_float2(mlo, llo);
-                w[gq + 8] = make_float2(mhi, lhi);
+                const std::int64_t row = static_cast<std::int64_t>(g) * rows + static_cast<std::int64_t>(ch) * kProbeWgRows + 16 * wi + gq;
+                a.part[row * ncb + kb] = make_float2(mlo, llo);
+                a.part[(row + 8) * ncb + kb] = make_float2(mhi, lhi);
             }
-            prev_chunk = ch;
-        }
-    }
-    copy_wait<0>();
-    if constexpr (Pass1) {
-        __syncthreads();
-        if (n_mine > 0 && tid < 64) flush_stats(n_mine - 1, prev_chunk);
-    } else {
-        // The four lanes of a key row (tq) summed in a fixed order; lane tq = 0 writes the row's key.
-#pragma unroll
-        for (int i = 0; i < 2; ++i) acc[i] = quad_sum(acc[i]);
-        if (tq == 0) {
-            const int klo = kfirst + 16 * wi + gq;
-            float* out = a.col + (static_cast<std::int64_t>(z) * a.Hkv + g) * a.n;
-            if (klo < a.n) out[klo] = acc[0];
-            if (klo + 8 < a.n) out[klo + 8] = acc[1];
         }
     }
 #else
