@@ -243,11 +243,20 @@ public:
         const std::size_t b_part = mma ? align256(static_cast<std::size_t>(Hkv * rows * ncb) * 8) : 0;
         const std::size_t b_lse = align256(static_cast<std::size_t>(Hkv * rows) * 4);
         const std::size_t b_col = align256(static_cast<std::size_t>(rsplit * Hkv * n) * 4);
-        const std::size_t up = b_pos + b_cmax + b_probes;
+        // wgmma: each KV head's chunk rows are its heads' probe rows in position order (the heads'
+        // copies of a probe side by side), after the chunks that hold only padding: a chunk then spans a
+        // narrow range of positions, and the key blocks after its last one skip it (a causal mask).
+        const std::int64_t wg_chunks = wg ? rows / kProbeWgRows : 0;
+        const std::size_t b_wrows = wg ? align256(static_cast<std::size_t>(rows) * 4) : 0;
+        const std::size_t b_wcmax = wg ? align256(static_cast<std::size_t>(wg_chunks) * 4) : 0;
+        const std::size_t up = b_pos + b_cmax + b_probes + 2 * b_wrows + b_wcmax;
         char* base = static_cast<char*>(work_.get(up + b_status + b_q + b_part + b_lse + b_col, fn));
         auto* pos_d = reinterpret_cast<std::int32_t*>(base);
         auto* cmax_d = reinterpret_cast<std::int32_t*>(base + b_pos);
         auto* probes_d = reinterpret_cast<std::int32_t*>(base + b_pos + b_cmax);
+        auto* wpos_d = reinterpret_cast<std::int32_t*>(base + b_pos + b_cmax + b_probes);
+        auto* whead_d = reinterpret_cast<std::int32_t*>(base + b_pos + b_cmax + b_probes + b_wrows);
+        auto* wcmax_d = reinterpret_cast<std::int32_t*>(base + b_pos + b_cmax + b_probes + 2 * b_wrows);
         int* status_d = reinterpret_cast<int*>(base + up);
         char* at = base + up + b_status;
         void* qbuf = at;
@@ -266,6 +275,25 @@ public:
         for (std::int64_t c = 0; c < npc; ++c)
             cmax_h[c] = static_cast<std::int32_t>(probes[static_cast<std::size_t>(std::min(np - 1, 16 * c + 15))]);
         for (std::int64_t i = 0; i < np; ++i) probes_h[i] = static_cast<std::int32_t>(probes[static_cast<std::size_t>(i)]);
+        if (wg) {
+            auto* wpos_h = reinterpret_cast<std::int32_t*>(h + b_pos + b_cmax + b_probes);
+            auto* whead_h = reinterpret_cast<std::int32_t*>(h + b_pos + b_cmax + b_probes + b_wrows);
+            auto* wcmax_h = reinterpret_cast<std::int32_t*>(h + b_pos + b_cmax + b_probes + 2 * b_wrows);
+            const std::int64_t real_chunks = (qpk * np + kProbeWgRows - 1) / kProbeWgRows;
+            std::int64_t r = (wg_chunks - real_chunks) * kProbeWgRows;  // the padding-only chunks come first
+            for (std::int64_t i = 0; i < rows; ++i) wpos_h[i] = -1;
+            for (std::int64_t i = 0; i < np; ++i)
+                for (std::int64_t hl = 0; hl < qpk; ++hl, ++r) {
+                    wpos_h[r] = static_cast<std::int32_t>(probes[static_cast<std::size_t>(i)]);
+                    whead_h[r] = static_cast<std::int32_t>(hl);
+                }
+            // Each chunk's last position (-1: padding only); nondecreasing, as the probes ascend.
+            for (std::int64_t c = 0; c < wg_chunks; ++c) {
+                std::int32_t m = -1;
+                for (std::int64_t e = 0; e < kProbeWgRows; ++e) m = std::max(m, wpos_h[c * kProbeWgRows + e]);
+                wcmax_h[c] = m;
+            }
+        }
         check_cuda(cudaMemcpyAsync(base, h, up + b_status, cudaMemcpyHostToDevice, stream), fn, "cudaMemcpyAsync");
         staging_.mark(stream, fn);
 
@@ -292,6 +320,11 @@ public:
         a.k_rows16 = k_rows16;
         a.pos = pos_d;
         a.cmax = cmax_d;
+        if (wg) {
+            a.wg_pos = wpos_d;
+            a.wg_head = whead_d;
+            a.wg_cmax = wcmax_d;
+        }
         a.part = part_d;
         a.lse = lse_d;
         a.col = col_d;

@@ -67,6 +67,12 @@ struct ProbeArgs {
                                            // d multiples of 8 elements, 16-byte aligned base)
     const std::int32_t* pos = nullptr;     // [npc * 16] probe position of each padded row (-1: padding)
     const std::int32_t* cmax = nullptr;    // [npc] largest position in each chunk
+    // wgmma path: row e of 64-row chunk c of a KV head holds probe position wg_pos[64 c + e] (-1:
+    // padding) of query head wg_head[64 c + e] of the group; wg_cmax[c] the chunk's largest (-1: none),
+    // nondecreasing in c. (null on the other paths, whose rows are [head][padded probe])
+    const std::int32_t* wg_pos = nullptr;
+    const std::int32_t* wg_head = nullptr;
+    const std::int32_t* wg_cmax = nullptr;
     const uint4* qpack = nullptr;          // tensor cores: [H_kv][qpk * npc][KS][32] A fragments
     const float* qrows = nullptr;          // CUDA cores: [H_kv][qpk * npc * 16][d] fp32 rows (scaled by nothing)
     float2* part = nullptr;                // [H_kv][rows][ceil(n / 128)] (max, sum) in the log2 domain
@@ -512,8 +518,12 @@ __global__ void __launch_bounds__(kProbeThreads, Pass1 ? kProbeBlocksPerSM : 4) 
 // Against the mma.sync kernel's 16-row chunks (one block barrier per 16 rows, 32 mma.sync and about 350
 // instructions per warp), a chunk is eight wgmma per warpgroup and no block barrier.
 // (Measured, ZipVL at 16K: see docs/cuda.md, the notes of sessions 25 and 26.)
-// Heads' probe lists are padded to a multiple of 64 rows (npc a multiple of 4); everything the lse and
-// score kernels read keeps the layout of the mma.sync path.
+// A KV head's chunks hold its query heads' probe rows in position order (the heads' rows of one probe
+// side by side; the chunks of padding only first), so a chunk spans a narrow range of positions and the
+// key blocks after its last position skip it: with ZipVL's 64 random probes per head, about half the
+// random rows' chunks are skipped on average, where per-head chunks (spanning the whole prompt) were
+// active almost everywhere. The lse and column sums keep their layout, rows indexed by chunk row; each
+// head's list is padded to a multiple of 64 rows (npc a multiple of 4).
 inline constexpr int kProbeWgRows = 64;                          // probe rows per chunk
 inline constexpr int kProbeWgConsumers = 256;                    // two warpgroups
 inline constexpr int kProbeWgThreads = kProbeWgConsumers + 32;   // and the producer warp
@@ -537,7 +547,8 @@ struct ProbeWgShape {
 };
 
 // One thread per 16-byte piece of the packed chunks [H_kv][qpk * npc / 4][64 rows x D] (each chunk in
-// wgmma's 128-byte swizzle: swizzle128_offset); dims past d and padding rows are 0.
+// wgmma's 128-byte swizzle: swizzle128_offset); chunk row e of chunk c is probe position
+// wg_pos[64 c + e] of query head wg_head[64 c + e]; dims past d and padding rows are 0.
 template <class T, int D>
 __global__ void probe_pack_wg_kernel(const ProbeArgs a) {
     dependent_entry();  // programmatic dependent launch: see common.cuh
@@ -550,10 +561,9 @@ __global__ void probe_pack_wg_kernel(const ProbeArgs a) {
     const int c = static_cast<int>(i % S::CH), r = static_cast<int>((i / S::CH) % kProbeWgRows);
     const std::int64_t ch = (i / (S::CH * kProbeWgRows)) % chunks;
     const int g = static_cast<int>(i / (S::CH * kProbeWgRows * chunks));
-    const int hl = static_cast<int>(ch / nc), cc = static_cast<int>(ch % nc);
-    const int h = g * a.qpk + hl;
-    const int pr = cc * kProbeWgRows + r;
-    const int p = pr < a.n_probes ? a.pos[pr] : -1;
+    const std::int64_t cr = ch * kProbeWgRows + r;  // the chunk row
+    const int p = a.wg_pos[cr];
+    const int h = g * a.qpk + a.wg_head[cr];
     float x[8];
     bool bad = false;
 #pragma unroll
@@ -573,9 +583,10 @@ __global__ void probe_pack_wg_kernel(const ProbeArgs a) {
 }
 
 // Grid: (ceil(n / 128) x rsplit, H_kv), 288 threads: two consumer warpgroups and a producer warp; block
-// (x, g) owns keys 128 y .. + 127 of KV head g, y = x / rsplit, and the chunks t = z, z + rsplit, ... of
-// its active ones (z = x % rsplit; per head the chunks whose last probe is at or after the block's first
-// key). The producer's one thread copies each chunk (16 KiB at d = 128), its positions and (pass 2) its
+// (x, g) owns keys 128 y .. + 127 of KV head g, y = x / rsplit, and the chunks first + z, first + z +
+// rsplit, ... (z = x % rsplit) of the KV head's chunks, whose rows are its query heads' probe rows in
+// position order (wg_pos): the chunks from `first` on are those whose last position is at or after the
+// block's first key, the others see none of its keys. The producer's one thread copies each chunk (16 KiB at d = 128), its positions and (pass 2) its
 // lse into a ring stage by the bulk copy engine; the warpgroups wait on the stage's full barrier and
 // release it on its empty barrier, each at its own pace (no block barrier per chunk; in pass 1 neither
 // warpgroup waits for the other). Only launched where
@@ -611,21 +622,22 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
             mbar_init(empty_bar + st, Pass1 ? NC / 2 : NC);  // every thread of the warpgroup(s) that read the chunk
         }
     }
-    // Active chunks of each head: those whose last probe is at or after col0 (a suffix).
+    // Active chunks: those whose last position is at or after col0, a suffix (wg_cmax is nondecreasing);
+    // this block's are first + z, first + z + R, ...
+    const int chunks = a.qpk * nc;
     int first;
     {
-        int lo = 0, hi = nc;
+        int lo = 0, hi = chunks;
         while (lo < hi) {
             const int mid = (lo + hi) / 2;
-            if (a.cmax[4 * mid + 3] >= col0) hi = mid;
+            if (a.wg_cmax[mid] >= col0) hi = mid;
             else lo = mid + 1;
         }
         first = lo;
     }
-    const int per_head = nc - first;
-    const int n_active = per_head * a.qpk;
+    const int n_active = chunks - first;
     const int n_mine = n_active > z ? (n_active - z + R - 1) / R : 0;
-    ProbeChunkCursor compute_at{z / max(per_head, 1), z % max(per_head, 1)};
+    auto chunk_of = [&](int t) { return first + z + t * R; };  // the block's t-th chunk
     __syncthreads();  // the barriers initialized (the last block-wide barrier: the producer leaves early)
 
     if (tid >= NC) {
@@ -633,19 +645,15 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
         if (tid == NC) {
             const unsigned char* qsrc = reinterpret_cast<const unsigned char*>(a.qpack) +
                                         static_cast<std::int64_t>(g) * a.qpk * nc * S::CHUNK_BYTES;
-            ProbeChunkCursor at = compute_at;
             for (int i = 0; i < n_mine; ++i) {
                 const int st = i % ST;
                 if (i >= ST) mbar_wait(empty_bar + st, static_cast<unsigned>((i / ST - 1) & 1));
-                const int cc = first + at.c;
-                const int ch = at.head * nc + cc;
+                const std::int64_t ch = chunk_of(i);
                 mbar_arrive_expect_tx(full_bar + st, S::CHUNK_BYTES + (Pass1 ? 256 : 512));
-                bulk_load(ring + st * S::CHUNK_BYTES, qsrc + static_cast<std::int64_t>(ch) * S::CHUNK_BYTES, S::CHUNK_BYTES,
-                          full_bar + st);
+                bulk_load(ring + st * S::CHUNK_BYTES, qsrc + ch * S::CHUNK_BYTES, S::CHUNK_BYTES, full_bar + st);
                 unsigned char* md = meta + st * S::META_BYTES;
-                bulk_load(md, a.pos + cc * kProbeWgRows, 256, full_bar + st);
-                if (!Pass1) bulk_load(md + 256, a.lse + g * rows + static_cast<std::int64_t>(ch) * kProbeWgRows, 256, full_bar + st);
-                at.advance(R, per_head);
+                bulk_load(md, a.wg_pos + ch * kProbeWgRows, 256, full_bar + st);
+                if (!Pass1) bulk_load(md + 256, a.lse + g * rows + ch * kProbeWgRows, 256, full_bar + st);
             }
         }
         return;
@@ -768,13 +776,9 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
         // rows, A, K-major; the key tile, B). A row's (max, sum) over the block's keys is then one
         // warpgroup's, written without waiting for the other.
         // s[4 j + e]: row 16 wi + gq (+ 8 for e >= 2), key col0 + 8 j + 2 tq + (e & 1).
-        ProbeChunkCursor at = compute_at;
-        if (wg == 1) at.advance(R, per_head);
         for (int t = wg; t < n_mine; t += 2) {
             const int st = t % ST;
-            const int ch = at.head * nc + first + at.c;
-            at.advance(R, per_head);
-            at.advance(R, per_head);
+            const int ch = chunk_of(t);
             float s[64];
             wait_full(t);
             {
@@ -871,7 +875,7 @@ __global__ void probe_lse_kernel(const ProbeArgs a) {
     const std::int64_t r = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
     if (r >= rows * a.Hkv) return;  // whole warps
     const int pr = static_cast<int>((r % rows) % (a.npc * 16));
-    const int p = pr < a.n_probes ? a.pos[pr] : -1;
+    const int p = a.wg_pos ? a.wg_pos[r % rows] : pr < a.n_probes ? a.pos[pr] : -1;
     const int ncb = (a.n + kProbeColTile - 1) / kProbeColTile;
     const int nb = p >= 0 ? p / kProbeColTile + 1 : 0;
     float m = -INFINITY, l = 0.0f;
