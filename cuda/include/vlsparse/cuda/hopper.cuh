@@ -171,73 +171,49 @@ __device__ __forceinline__ void wgmma_reg_fence_u(unsigned (&r)[M][N]) {
 }
 
 // The instructions, one macro per shape; TY is the input type's PTX name ("bf16" or "f16"), the only
-// difference between the two element types.
+// difference between the two element types. The accumulator's registers (operands %0 ..) are written
+// out once per size.
+#define VLSPARSE_WGMMA_D32_LIST \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define VLSPARSE_WGMMA_D32_REGS "{" VLSPARSE_WGMMA_D32_LIST "}"
+#define VLSPARSE_WGMMA_D64_REGS \
+    "{" VLSPARSE_WGMMA_D32_LIST ", " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define VLSPARSE_WGMMA_D32_OUT \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
+    "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
+    "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
+    "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+    "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define VLSPARSE_WGMMA_D64_OUT \
+    VLSPARSE_WGMMA_D32_OUT, \
+    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), \
+    "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), \
+    "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), \
+    "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), \
+    "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 // D[64 x 64] (+)= A[64 x 16] (registers) * B[16 x 64] (shared memory, descriptor); TN: B is N-major.
 #define VLSPARSE_WGMMA_RS_N64(TY) \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " \
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " VLSPARSE_WGMMA_D32_REGS ", " \
                  "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n" \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
-                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
-                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
-                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
-                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
+                 : VLSPARSE_WGMMA_D32_OUT \
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(scale_d), "n"(TN))
 // D[64 x 128] (+)= A[64 x 16] (registers) * B[16 x 128] (shared memory, descriptor); TN: B is N-major.
 #define VLSPARSE_WGMMA_RS_N128(TY) \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n" \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " \
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, " \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " VLSPARSE_WGMMA_D64_REGS ", " \
                  "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n" \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
-                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
-                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
-                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
-                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), \
-                   "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
-                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
-                   "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), \
-                   "+f"(d[63]) \
+                 : VLSPARSE_WGMMA_D64_OUT \
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(scale_d), "n"(TN))
-// D[64 x 64] (+)= A[64 x 16] * B[16 x 64], both from shared memory (descriptors, K-major).
-#define VLSPARSE_WGMMA_SS_N64(TY) \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " \
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
-                 "%32, %33, p, 1, 1, 0, 0;\n}\n" \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
-                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
-                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
-                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
-                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
-                 : "l"(desc_a), "l"(desc_b), "r"(scale_d))
-
 // D[64 x 128] (+)= A[64 x 16] * B[16 x 128], both from shared memory (descriptors, K-major).
 #define VLSPARSE_WGMMA_SS_N128(TY) \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " \
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, " \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " VLSPARSE_WGMMA_D64_REGS ", " \
                  "%64, %65, p, 1, 1, 0, 0;\n}\n" \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
-                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
-                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
-                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
-                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), \
-                   "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
-                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
-                   "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), \
-                   "+f"(d[63]) \
+                 : VLSPARSE_WGMMA_D64_OUT \
                  : "l"(desc_a), "l"(desc_b), "r"(scale_d))
 
 template <class T, int TN>
@@ -261,15 +237,6 @@ __device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], unsigned a0, unsig
 #endif
 }
 template <class T>
-__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b, int scale_d) {
-#if VLSPARSE_CUDA_HAS_WGMMA
-    if constexpr (std::is_same_v<T, bfloat16>) VLSPARSE_WGMMA_SS_N64("bf16");
-    else VLSPARSE_WGMMA_SS_N64("f16");
-#else
-    (void)d, (void)desc_a, (void)desc_b, (void)scale_d;
-#endif
-}
-template <class T>
 __device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], std::uint64_t desc_a, std::uint64_t desc_b, int scale_d) {
 #if VLSPARSE_CUDA_HAS_WGMMA
     if constexpr (std::is_same_v<T, bfloat16>) VLSPARSE_WGMMA_SS_N128("bf16");
@@ -281,7 +248,11 @@ __device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], std::uint64_t desc
 #undef VLSPARSE_WGMMA_RS_N64
 #undef VLSPARSE_WGMMA_SS_N128
 #undef VLSPARSE_WGMMA_RS_N128
-#undef VLSPARSE_WGMMA_SS_N64
+#undef VLSPARSE_WGMMA_D32_LIST
+#undef VLSPARSE_WGMMA_D32_REGS
+#undef VLSPARSE_WGMMA_D32_OUT
+#undef VLSPARSE_WGMMA_D64_REGS
+#undef VLSPARSE_WGMMA_D64_OUT
 
 // 1 where this kernel was compiled with the sm_90a instructions, else 0.
 template <int Unused = 0>
