@@ -62,9 +62,17 @@ void random_case(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::int64_t 
     const View3<const T> qv(qd.data(), {n, H, d}), kv(kd.data(), {n, Hkv, d});
     INFO("n " << n << " H " << H << " H_kv " << Hkv << " d " << d << " seed " << seed);
     for (auto groups : {BaselineGroups::kv_head, BaselineGroups::layer}) {
-        sc.h2o_scores(qv, kv, groups);
-        sc.fill_workspace(0xff);
-        check_close(sc.h2o_scores(qv, kv, groups), reference::h2o_scores(qh, kh, groups), "h2o");
+        const auto want = reference::h2o_scores(qh, kh, groups);
+        // The automatic probe path (on Hopper, wgmma with per-head chunks for H2O's every-row probes), then
+        // wgmma's merged chunk layout forced (vlsparse/cuda/selection/probe_columns.cuh).
+        for (int path : {0, 2}) {
+            INFO("probe path " << path);
+            cuda::detail::probe_path_override().store(path);
+            sc.h2o_scores(qv, kv, groups);
+            sc.fill_workspace(0xff);
+            check_close(sc.h2o_scores(qv, kv, groups), want, "h2o");
+        }
+        cuda::detail::probe_path_override().store(0);
         const std::int64_t w = std::min<std::int64_t>(n, 1 + static_cast<std::int64_t>(seed % 17));
         sc.fill_workspace(0xff);
         const auto raw = reference::snapkv_window_scores(qh, kh, w, groups);

@@ -252,9 +252,13 @@ TEST_CASE("cuda zipvl: selection against the reference, tensor cores (bf16, fp16
                 }
                 c.qscale = i % 3 == 0 ? 3.0 : 1.0;
                 ++i;
-                // Both tensor-core paths where the GPU has both (wgmma on Hopper with sm_90a code, mma.sync).
-                for (int path = 0; path < 2; ++path) {
-                    INFO("probe path " << (path == 0 ? "automatic" : "mma_sync"));
+                // Both tensor-core paths where the GPU has both (wgmma on Hopper with sm_90a code, mma.sync),
+                // and with 64 probes or more (wgmma's chunks) each of wgmma's two chunk layouts forced (the
+                // automatic choice is one of them).
+                const int paths = c.P.probe_recent + c.P.probe_random >= 64 ? 4 : 2;
+                for (int path = 0; path < paths; ++path) {
+                    static const char* const names[] = {"automatic", "mma_sync", "wgmma merged chunks", "wgmma per-head chunks"};
+                    INFO("probe path " << names[path]);
                     cuda::detail::probe_path_override().store(path);
                     if (i % 2) run_case<bfloat16, bfloat16>(c, sel);
                     else run_case<vlsparse::half, vlsparse::half>(c, sel);
@@ -310,6 +314,21 @@ TEST_CASE("cuda zipvl: options (ratios, given probes, keep_last, keep_text, dens
         c.P.nnz = ZipVLNnz::probe_rows;
         c.seed = ++seed;
         run_case<vlsparse::half, vlsparse::half>(c, sel);
+    }
+    for (int path = 0; path < 4; ++path) {
+        ZCase c;  // caller-given probes, 96 of them, all before position 1200 of 3000: the key blocks after
+                  // the last probe compute nothing (their walks are empty), on every probe path and layout
+        c.n = 3000;
+        c.H = 8;
+        c.Hkv = 2;
+        c.d = 128;
+        for (std::int64_t i = 0; i < 96; ++i) c.probes.push_back(5 + i * 12);
+        c.P.grouping = path % 2 ? ZipVLGrouping::kv_head : ZipVLGrouping::layer;
+        c.seed = ++seed;
+        INFO("probe path " << path);
+        cuda::detail::probe_path_override().store(path);
+        run_case<bfloat16, bfloat16>(c, sel);
+        cuda::detail::probe_path_override().store(0);
     }
     {
         ZCase c;  // forced keeps

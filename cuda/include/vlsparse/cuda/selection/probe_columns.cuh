@@ -140,7 +140,9 @@ void launch_probe_wg(ProbeArgs& a, cudaStream_t stream, const char* fn) {
 }
 
 // Which tensor-core probe passes run: 0 the automatic choice (wgmma where it runs and the probe rows fill
-// 64-row chunks, else mma.sync), 1 mma.sync always. For the tests, which check both on one GPU; not an API.
+// 64-row chunks, else mma.sync; on wgmma, the chunk layout that the (chunk, key block) pairs favour),
+// 1 mma.sync always, 2 / 3 wgmma (where the automatic choice would take it) with the merged / per-head
+// chunk layout. For the tests, which check every path on one GPU; not an API.
 inline std::atomic<int>& probe_path_override() {
     static std::atomic<int> v{0};
     return v;
@@ -217,7 +219,7 @@ public:
                               reinterpret_cast<std::uintptr_t>(k.data) % 16 == 0;
         // wgmma (Hopper, sm_90a code): probe rows in chunks of 64, so for at least 64 probes (fewer would
         // leave most of a chunk padding: the mma.sync passes take 16-row chunks).
-        const bool wg = mma && k_rows16 && np >= kProbeWgRows && probe_path_override().load() == 0 && wgmma_runs_here(fn);
+        const bool wg = mma && k_rows16 && np >= kProbeWgRows && probe_path_override().load() != 1 && wgmma_runs_here(fn);
         const std::int64_t npc = wg ? (np + kProbeWgRows - 1) / kProbeWgRows * 4 : (np + 15) / 16, qpk = H / Hkv;
         const std::int64_t rows = qpk * npc * 16;  // per KV head
         // Tensor cores: the chunks of a key block shared out over rsplit blocks when the key blocks alone
@@ -233,68 +235,72 @@ public:
             const std::int64_t want = wg ? 2 * sms : 8 * sms;
             rsplit = static_cast<int>(std::clamp<std::int64_t>((want + blocks - 1) / blocks, 1, 8));
         }
-        const std::size_t b_pos = align256(static_cast<std::size_t>(npc * 16) * 4);
-        const std::size_t b_cmax = align256(static_cast<std::size_t>(npc) * 4);
-        const std::size_t b_probes = align256(static_cast<std::size_t>(np) * 4);
-        const std::size_t b_status = 256;
         const std::size_t b_q = mma ? align256(static_cast<std::size_t>(Hkv * qpk * npc * ((d <= 64 ? 64 : 128) / 16) * 32) * 16)
                                     : align256(static_cast<std::size_t>(Hkv * rows * d) * 4);
         const std::int64_t ncb = (n + kProbeColTile - 1) / kProbeColTile;
         const std::size_t b_part = mma ? align256(static_cast<std::size_t>(Hkv * rows * ncb) * 8) : 0;
         const std::size_t b_lse = align256(static_cast<std::size_t>(Hkv * rows) * 4);
         const std::size_t b_col = align256(static_cast<std::size_t>(rsplit * Hkv * n) * 4);
-        // wgmma: each KV head's chunk rows are its heads' probe rows in position order (the heads'
-        // copies of a probe side by side), after the chunks that hold only padding: a chunk then spans a
-        // narrow range of positions, and the key blocks after its last one skip it (a causal mask).
-        const std::int64_t wg_chunks = wg ? rows / kProbeWgRows : 0;
+        // wgmma: a KV head's chunk rows in one of two layouts (probe_scores.cuh, above kProbeWgRows):
+        // merged, its heads' probe rows in position order, or per head. Merged makes a chunk span fewer
+        // positions, so the key blocks after its last one skip more chunks; per head walks faster where
+        // both skip about as many (every row a probe: H2O at 16K 5.7 against 7.5 ms, H100). So merged
+        // where it leaves 10% fewer (chunk, key block) pairs: ZipVL's recent + random probes (about 25%
+        // fewer), not H2O (under 1%). The rows' positions are worked out on the device (the pack kernel
+        // writes them): per row on the host, H2O's 115K rows at 16K cost about 0.3 ms before the first
+        // launch.
+        bool per_head = false;
+        int wg_pad = 0;
+        if (wg) {
+            auto blocks_seen = [&](std::int64_t last) { return last < 0 ? 0 : std::min(last / kProbeColTile + 1, ncb); };
+            const std::int64_t pad_head = rows / qpk - np;  // per head: padding rows first
+            std::int64_t pairs_head = 0, pairs_merged = 0;
+            for (std::int64_t c = 0; c < rows / qpk / kProbeWgRows; ++c) {
+                const std::int64_t last = c * kProbeWgRows + kProbeWgRows - 1 - pad_head;
+                pairs_head += last < 0 ? 0 : qpk * blocks_seen(probes[static_cast<std::size_t>(last)]);
+            }
+            const std::int64_t pad_merged = rows - qpk * np;
+            for (std::int64_t c = 0; c < rows / kProbeWgRows; ++c) {
+                const std::int64_t last = c * kProbeWgRows + kProbeWgRows - 1 - pad_merged;
+                pairs_merged += last < 0 ? 0 : blocks_seen(probes[static_cast<std::size_t>(last / qpk)]);
+            }
+            const int force = probe_path_override().load();
+            per_head = force == 3 || (force != 2 && 10 * pairs_merged > 9 * pairs_head);
+            wg_pad = static_cast<int>(per_head ? pad_head : pad_merged);
+        }
+        // Uploaded: (mma.sync) the padded probe positions and each 16-row chunk's last; the probes as
+        // int32; the status word (cleared by the same copy). On the device only: (wgmma) the rows'
+        // positions.
+        const std::size_t b_pos = wg ? 0 : align256(static_cast<std::size_t>(npc * 16) * 4);
+        const std::size_t b_cmax = wg ? 0 : align256(static_cast<std::size_t>(npc) * 4);
+        const std::size_t b_probes = align256(static_cast<std::size_t>(np) * 4);
+        const std::size_t b_status = 256;
         const std::size_t b_wrows = wg ? align256(static_cast<std::size_t>(rows) * 4) : 0;
-        const std::size_t b_wcmax = wg ? align256(static_cast<std::size_t>(wg_chunks) * 4) : 0;
-        const std::size_t up = b_pos + b_cmax + b_probes + 2 * b_wrows + b_wcmax;
-        char* base = static_cast<char*>(work_.get(up + b_status + b_q + b_part + b_lse + b_col, fn));
+        const std::size_t up = b_pos + b_cmax + b_probes + b_status;
+        char* base = static_cast<char*>(work_.get(up + b_wrows + b_q + b_part + b_lse + b_col, fn));
         auto* pos_d = reinterpret_cast<std::int32_t*>(base);
         auto* cmax_d = reinterpret_cast<std::int32_t*>(base + b_pos);
         auto* probes_d = reinterpret_cast<std::int32_t*>(base + b_pos + b_cmax);
-        auto* wpos_d = reinterpret_cast<std::int32_t*>(base + b_pos + b_cmax + b_probes);
-        auto* whead_d = reinterpret_cast<std::int32_t*>(base + b_pos + b_cmax + b_probes + b_wrows);
-        auto* wcmax_d = reinterpret_cast<std::int32_t*>(base + b_pos + b_cmax + b_probes + 2 * b_wrows);
-        int* status_d = reinterpret_cast<int*>(base + up);
-        char* at = base + up + b_status;
+        int* status_d = reinterpret_cast<int*>(base + b_pos + b_cmax + b_probes);
+        auto* wpos_d = reinterpret_cast<std::int32_t*>(base + up);
+        char* at = base + up + b_wrows;
         void* qbuf = at;
         auto* part_d = reinterpret_cast<float2*>(at + b_q);
         auto* lse_d = reinterpret_cast<float*>(at + b_q + b_part);
         auto* col_d = reinterpret_cast<float*>(at + b_q + b_part + b_lse);
 
-        // Per-call metadata: padded probe positions, each chunk's last probe, the probes as int32, and the
-        // status word (cleared by the same copy).
-        char* h = staging_.get(up + b_status, fn);
-        std::memset(h, 0, up + b_status);
-        auto* pos_h = reinterpret_cast<std::int32_t*>(h);
-        auto* cmax_h = reinterpret_cast<std::int32_t*>(h + b_pos);
-        auto* probes_h = reinterpret_cast<std::int32_t*>(h + b_pos + b_cmax);
-        for (std::int64_t i = 0; i < npc * 16; ++i) pos_h[i] = i < np ? static_cast<std::int32_t>(probes[static_cast<std::size_t>(i)]) : -1;
-        for (std::int64_t c = 0; c < npc; ++c)
-            cmax_h[c] = static_cast<std::int32_t>(probes[static_cast<std::size_t>(std::min(np - 1, 16 * c + 15))]);
-        for (std::int64_t i = 0; i < np; ++i) probes_h[i] = static_cast<std::int32_t>(probes[static_cast<std::size_t>(i)]);
-        if (wg) {
-            auto* wpos_h = reinterpret_cast<std::int32_t*>(h + b_pos + b_cmax + b_probes);
-            auto* whead_h = reinterpret_cast<std::int32_t*>(h + b_pos + b_cmax + b_probes + b_wrows);
-            auto* wcmax_h = reinterpret_cast<std::int32_t*>(h + b_pos + b_cmax + b_probes + 2 * b_wrows);
-            const std::int64_t real_chunks = (qpk * np + kProbeWgRows - 1) / kProbeWgRows;
-            std::int64_t r = (wg_chunks - real_chunks) * kProbeWgRows;  // the padding-only chunks come first
-            for (std::int64_t i = 0; i < rows; ++i) wpos_h[i] = -1;
-            for (std::int64_t i = 0; i < np; ++i)
-                for (std::int64_t hl = 0; hl < qpk; ++hl, ++r) {
-                    wpos_h[r] = static_cast<std::int32_t>(probes[static_cast<std::size_t>(i)]);
-                    whead_h[r] = static_cast<std::int32_t>(hl);
-                }
-            // Each chunk's last position (-1: padding only); nondecreasing, as the probes ascend.
-            for (std::int64_t c = 0; c < wg_chunks; ++c) {
-                std::int32_t m = -1;
-                for (std::int64_t e = 0; e < kProbeWgRows; ++e) m = std::max(m, wpos_h[c * kProbeWgRows + e]);
-                wcmax_h[c] = m;
-            }
+        char* h = staging_.get(up, fn);
+        if (!wg) {
+            auto* pos_h = reinterpret_cast<std::int32_t*>(h);
+            auto* cmax_h = reinterpret_cast<std::int32_t*>(h + b_pos);
+            for (std::int64_t i = 0; i < npc * 16; ++i) pos_h[i] = i < np ? static_cast<std::int32_t>(probes[static_cast<std::size_t>(i)]) : -1;
+            for (std::int64_t c = 0; c < npc; ++c)
+                cmax_h[c] = static_cast<std::int32_t>(probes[static_cast<std::size_t>(std::min(np - 1, 16 * c + 15))]);
         }
-        check_cuda(cudaMemcpyAsync(base, h, up + b_status, cudaMemcpyHostToDevice, stream), fn, "cudaMemcpyAsync");
+        auto* probes_h = reinterpret_cast<std::int32_t*>(h + b_pos + b_cmax);
+        for (std::int64_t i = 0; i < np; ++i) probes_h[i] = static_cast<std::int32_t>(probes[static_cast<std::size_t>(i)]);
+        std::memset(h + b_pos + b_cmax + b_probes, 0, b_status);
+        check_cuda(cudaMemcpyAsync(base, h, up, cudaMemcpyHostToDevice, stream), fn, "cudaMemcpyAsync");
         staging_.mark(stream, fn);
 
         ProbeArgs a;
@@ -318,12 +324,14 @@ public:
         a.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
         a.k_pairs = k_pairs;
         a.k_rows16 = k_rows16;
-        a.pos = pos_d;
-        a.cmax = cmax_d;
         if (wg) {
+            a.probes = probes_d;
             a.wg_pos = wpos_d;
-            a.wg_head = whead_d;
-            a.wg_cmax = wcmax_d;
+            a.wg_segs = per_head ? static_cast<int>(qpk) : 1;
+            a.wg_pad = wg_pad;
+        } else {
+            a.pos = pos_d;
+            a.cmax = cmax_d;
         }
         a.part = part_d;
         a.lse = lse_d;

@@ -67,12 +67,15 @@ struct ProbeArgs {
                                            // d multiples of 8 elements, 16-byte aligned base)
     const std::int32_t* pos = nullptr;     // [npc * 16] probe position of each padded row (-1: padding)
     const std::int32_t* cmax = nullptr;    // [npc] largest position in each chunk
-    // wgmma path: row e of 64-row chunk c of a KV head holds probe position wg_pos[64 c + e] (-1:
-    // padding) of query head wg_head[64 c + e] of the group; wg_cmax[c] the chunk's largest (-1: none),
-    // nondecreasing in c. (null on the other paths, whose rows are [head][padded probe])
-    const std::int32_t* wg_pos = nullptr;
-    const std::int32_t* wg_head = nullptr;
-    const std::int32_t* wg_cmax = nullptr;
+    // wgmma path: a KV head's chunk rows (64 per chunk) in wg_segs segments of equal length: 1 (its
+    // query heads' probe rows merged in position order, the heads' rows of one probe side by side) or
+    // qpk (segment h: head h's rows in position order); wg_pad padding rows (no probe) first in each
+    // segment. wg_row() says which probe and head a row holds; wg_pos [rows] the rows' positions (-1:
+    // padding), written by the pack kernel for the passes' bulk copies and the lse kernel. The
+    // positions ascend within a segment and every segment holds the same ones.
+    const std::int32_t* probes = nullptr;  // [n_probes] ascending, on the device (wgmma path)
+    std::int32_t* wg_pos = nullptr;
+    int wg_segs = 1, wg_pad = 0;
     const uint4* qpack = nullptr;          // tensor cores: [H_kv][qpk * npc][KS][32] A fragments
     const float* qrows = nullptr;          // CUDA cores: [H_kv][qpk * npc * 16][d] fp32 rows (scaled by nothing)
     float2* part = nullptr;                // [H_kv][rows][ceil(n / 128)] (max, sum) in the log2 domain
@@ -123,6 +126,21 @@ __device__ __forceinline__ float quad_max(float v) {
 __device__ __forceinline__ float quad_sum(float v) {
     v += __shfl_xor_sync(0xffffffffu, v, 1);
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// wgmma path: the probe position (-1: padding) and the query head within the group of chunk row r of a
+// KV head (rows per KV head: `rows`), from the layout in ProbeArgs.
+struct ProbeWgRow {
+    int pos, head;
+};
+__device__ __forceinline__ ProbeWgRow probe_wg_row(const ProbeArgs& a, int r, int rows) {
+    if (a.wg_segs > 1) {
+        const int per = rows / a.wg_segs, hl = r / per, i = r - hl * per - a.wg_pad;
+        return {i >= 0 ? a.probes[i] : -1, hl};
+    }
+    const int i = r - a.wg_pad;
+    if (i < 0) return {-1, 0};
+    return {a.probes[i / a.qpk], i % a.qpk};
 }
 
 // ---- packing: q's probe rows into A fragments (tensor cores) or fp32 rows (CUDA cores) ------------------
@@ -183,7 +201,7 @@ __global__ void probe_pack_simt_kernel(const ProbeArgs a) {
 
 // A block's walk over its active chunks: its i-th is t = z + i R of the active ones, query head
 // t / per_head and that head's chunk first + t % per_head, kept as (head, c) so that the loop needs no
-// division (both tensor-core kernels).
+// division (both tensor-core kernels). per_head must be positive.
 struct ProbeChunkCursor {
     int head, c;  // chunk index = head * (chunks per head) + first + c
     __device__ void advance(int R, int per_head) {
@@ -518,12 +536,17 @@ __global__ void __launch_bounds__(kProbeThreads, Pass1 ? kProbeBlocksPerSM : 4) 
 // Against the mma.sync kernel's 16-row chunks (one block barrier per 16 rows, 32 mma.sync and about 350
 // instructions per warp), a chunk is eight wgmma per warpgroup and no block barrier.
 // (Measured, ZipVL at 16K: see docs/cuda.md, the notes of sessions 25 and 26.)
-// A KV head's chunks hold its query heads' probe rows in position order (the heads' rows of one probe
-// side by side; the chunks of padding only first), so a chunk spans a narrow range of positions and the
-// key blocks after its last position skip it: with ZipVL's 64 random probes per head, about half the
-// random rows' chunks are skipped on average, where per-head chunks (spanning the whole prompt) were
-// active almost everywhere. The lse and column sums keep their layout, rows indexed by chunk row; each
-// head's list is padded to a multiple of 64 rows (npc a multiple of 4).
+// A KV head's chunks come in one of two layouts (ProbeArgs::wg_segs), chosen per call by the host:
+//   merged (1 segment): its query heads' probe rows in position order (the heads' rows of one probe side
+//     by side; the chunks of padding only first), so a chunk spans a narrow range of positions and the
+//     key blocks after its last position skip it: with ZipVL's 64 random probes per head, about half the
+//     random rows' chunks are skipped on average, where per-head chunks (spanning the whole prompt) are
+//     active almost everywhere;
+//   per head (qpk segments): head h's rows in position order, padding first. Where the two skip about
+//     as many (chunk, key block) pairs -- every row a probe, H2O -- a block walking head by head runs
+//     faster (H2O at 16K, H100: 5.7 against 7.5 ms; docs/cuda.md, session 26).
+// The lse and column sums keep their layout, rows indexed by chunk row; each head's list is padded to a
+// multiple of 64 rows (npc a multiple of 4).
 inline constexpr int kProbeWgRows = 64;                          // probe rows per chunk
 inline constexpr int kProbeWgConsumers = 256;                    // two warpgroups
 inline constexpr int kProbeWgThreads = kProbeWgConsumers + 32;   // and the producer warp
@@ -547,8 +570,8 @@ struct ProbeWgShape {
 };
 
 // One thread per 16-byte piece of the packed chunks [H_kv][qpk * npc / 4][64 rows x D] (each chunk in
-// wgmma's 128-byte swizzle: swizzle128_offset); chunk row e of chunk c is probe position
-// wg_pos[64 c + e] of query head wg_head[64 c + e]; dims past d and padding rows are 0.
+// wgmma's 128-byte swizzle: swizzle128_offset); chunk row r is probe_wg_row(r)'s position and head
+// (written to wg_pos by the KV head 0 threads); dims past d and padding rows are 0.
 template <class T, int D>
 __global__ void probe_pack_wg_kernel(const ProbeArgs a) {
     dependent_entry();  // programmatic dependent launch: see common.cuh
@@ -561,9 +584,11 @@ __global__ void probe_pack_wg_kernel(const ProbeArgs a) {
     const int c = static_cast<int>(i % S::CH), r = static_cast<int>((i / S::CH) % kProbeWgRows);
     const std::int64_t ch = (i / (S::CH * kProbeWgRows)) % chunks;
     const int g = static_cast<int>(i / (S::CH * kProbeWgRows * chunks));
-    const std::int64_t cr = ch * kProbeWgRows + r;  // the chunk row
-    const int p = a.wg_pos[cr];
-    const int h = g * a.qpk + a.wg_head[cr];
+    const int cr = static_cast<int>(ch) * kProbeWgRows + r;  // the chunk row
+    const ProbeWgRow w = probe_wg_row(a, cr, static_cast<int>(chunks) * kProbeWgRows);
+    const int p = w.pos;
+    const int h = g * a.qpk + w.head;
+    if (g == 0 && c == 0) a.wg_pos[cr] = p;
     float x[8];
     bool bad = false;
 #pragma unroll
@@ -583,10 +608,10 @@ __global__ void probe_pack_wg_kernel(const ProbeArgs a) {
 }
 
 // Grid: (ceil(n / 128) x rsplit, H_kv), 288 threads: two consumer warpgroups and a producer warp; block
-// (x, g) owns keys 128 y .. + 127 of KV head g, y = x / rsplit, and the chunks first + z, first + z +
-// rsplit, ... (z = x % rsplit) of the KV head's chunks, whose rows are its query heads' probe rows in
-// position order (wg_pos): the chunks from `first` on are those whose last position is at or after the
-// block's first key, the others see none of its keys. The producer's one thread copies each chunk (16 KiB at d = 128), its positions and (pass 2) its
+// (x, g) owns keys 128 y .. + 127 of KV head g, y = x / rsplit, and the items z, z + rsplit, ... (z = x %
+// rsplit) of the KV head's active chunks: in each segment (wg_segs) the suffix of chunks whose last
+// position is at or after the block's first key (the others see none of its keys), segment after
+// segment. The producer's one thread copies each chunk (16 KiB at d = 128), its positions and (pass 2) its
 // lse into a ring stage by the bulk copy engine; the warpgroups wait on the stage's full barrier and
 // release it on its empty barrier, each at its own pace (no block barrier per chunk; in pass 1 neither
 // warpgroup waits for the other). Only launched where
@@ -622,22 +647,25 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
             mbar_init(empty_bar + st, Pass1 ? NC / 2 : NC);  // every thread of the warpgroup(s) that read the chunk
         }
     }
-    // Active chunks: those whose last position is at or after col0, a suffix (wg_cmax is nondecreasing);
-    // this block's are first + z, first + z + R, ...
-    const int chunks = a.qpk * nc;
+    // Active chunks: in each segment those whose last position (their last row's) is at or after col0,
+    // a suffix (positions ascend within a segment, and the segments hold the same ones: one search);
+    // the block's are the items z, z + R, ... of the segments' suffixes one after the other.
+    const int nseg = a.wg_segs, cps = a.qpk * nc / nseg;
     int first;
     {
-        int lo = 0, hi = chunks;
+        int lo = 0, hi = cps;
         while (lo < hi) {
             const int mid = (lo + hi) / 2;
-            if (a.wg_cmax[mid] >= col0) hi = mid;
+            if (probe_wg_row(a, mid * kProbeWgRows + kProbeWgRows - 1, static_cast<int>(rows)).pos >= col0) hi = mid;
             else lo = mid + 1;
         }
         first = lo;
     }
-    const int n_active = chunks - first;
+    const int per_seg = cps - first;
+    const int n_active = per_seg * nseg;
     const int n_mine = n_active > z ? (n_active - z + R - 1) / R : 0;
-    auto chunk_of = [&](int t) { return first + z + t * R; };  // the block's t-th chunk
+    // The block's t-th chunk, item z + t R: segment (z + t R) / per_seg, walked without divisions.
+    const ProbeChunkCursor at0{z / max(per_seg, 1), z % max(per_seg, 1)};
     __syncthreads();  // the barriers initialized (the last block-wide barrier: the producer leaves early)
 
     if (tid >= NC) {
@@ -645,10 +673,11 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
         if (tid == NC) {
             const unsigned char* qsrc = reinterpret_cast<const unsigned char*>(a.qpack) +
                                         static_cast<std::int64_t>(g) * a.qpk * nc * S::CHUNK_BYTES;
-            for (int i = 0; i < n_mine; ++i) {
+            ProbeChunkCursor at = at0;
+            for (int i = 0; i < n_mine; ++i, at.advance(R, per_seg)) {
                 const int st = i % ST;
                 if (i >= ST) mbar_wait(empty_bar + st, static_cast<unsigned>((i / ST - 1) & 1));
-                const std::int64_t ch = chunk_of(i);
+                const std::int64_t ch = at.head * cps + first + at.c;
                 mbar_arrive_expect_tx(full_bar + st, S::CHUNK_BYTES + (Pass1 ? 256 : 512));
                 bulk_load(ring + st * S::CHUNK_BYTES, qsrc + ch * S::CHUNK_BYTES, S::CHUNK_BYTES, full_bar + st);
                 unsigned char* md = meta + st * S::META_BYTES;
@@ -776,9 +805,13 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
         // rows, A, K-major; the key tile, B). A row's (max, sum) over the block's keys is then one
         // warpgroup's, written without waiting for the other.
         // s[4 j + e]: row 16 wi + gq (+ 8 for e >= 2), key col0 + 8 j + 2 tq + (e & 1).
+        ProbeChunkCursor at = at0;
+        if (wg == 1 && per_seg > 0) at.advance(R, per_seg);  // (per_seg 0: nothing to walk, and advance would not end)
         for (int t = wg; t < n_mine; t += 2) {
             const int st = t % ST;
-            const int ch = chunk_of(t);
+            const int ch = at.head * cps + first + at.c;
+            at.advance(R, per_seg);
+            at.advance(R, per_seg);
             float s[64];
             wait_full(t);
             {
@@ -878,10 +911,26 @@ __global__ void probe_lse_kernel(const ProbeArgs a) {
     const int p = a.wg_pos ? a.wg_pos[r % rows] : pr < a.n_probes ? a.pos[pr] : -1;
     const int ncb = (a.n + kProbeColTile - 1) / kProbeColTile;
     const int nb = p >= 0 ? p / kProbeColTile + 1 : 0;
+    // Four blocks per lane loaded before any is merged (128 per round: every row up to 16K keys in one
+    // round), in a fixed order.
     float m = -INFINITY, l = 0.0f;
-    for (int b = lane; b < nb; b += 32) {
-        const float2 x = a.part[r * ncb + b];
-        merge_ml(m, l, x.x, x.y);
+    const float2* pr_part = a.part + r * ncb;
+    for (int b0 = 0; b0 < nb; b0 += 128) {
+        float2 x[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int b = b0 + 32 * u + lane;
+            x[u] = b < nb ? __ldcg(pr_part + b) : make_float2(-INFINITY, 0.0f);
+        }
+        // (max, sum) of the four and the running pair: one rescale each
+        const float M = fmaxf(fmaxf(m, fmaxf(x[0].x, x[1].x)), fmaxf(x[2].x, x[3].x));
+        if (M != -INFINITY) {
+            float t = m == -INFINITY ? 0.0f : l * exp2f(m - M);
+#pragma unroll
+            for (int u = 0; u < 4; ++u) t += x[u].x == -INFINITY ? 0.0f : x[u].y * exp2f(x[u].x - M);
+            m = M;
+            l = t;
+        }
     }
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1)
