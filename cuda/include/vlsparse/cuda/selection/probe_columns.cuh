@@ -268,20 +268,22 @@ public:
             per_head = force == 3 || (force != 2 && 10 * pairs_merged > 9 * pairs_head);
             wg_pad = static_cast<int>(per_head ? pad_head : pad_merged);
         }
-        // Uploaded: (mma.sync) the padded probe positions and each 16-row chunk's last; the probes as
-        // int32; the status word (cleared by the same copy). On the device only: (wgmma) the rows'
-        // positions.
+        // Uploaded: (mma.sync) the padded probe positions and each 16-row chunk's last; (wgmma) each key
+        // block's first active chunk of a segment; the probes as int32; the status word (cleared by the
+        // same copy). On the device only: (wgmma) the rows' positions.
         const std::size_t b_pos = wg ? 0 : align256(static_cast<std::size_t>(npc * 16) * 4);
         const std::size_t b_cmax = wg ? 0 : align256(static_cast<std::size_t>(npc) * 4);
+        const std::size_t b_first = wg ? align256(static_cast<std::size_t>(ncb) * 4) : 0;
         const std::size_t b_probes = align256(static_cast<std::size_t>(np) * 4);
         const std::size_t b_status = 256;
         const std::size_t b_wrows = wg ? align256(static_cast<std::size_t>(rows) * 4) : 0;
-        const std::size_t up = b_pos + b_cmax + b_probes + b_status;
+        const std::size_t up = b_pos + b_cmax + b_first + b_probes + b_status;
         char* base = static_cast<char*>(work_.get(up + b_wrows + b_q + b_part + b_lse + b_col, fn));
         auto* pos_d = reinterpret_cast<std::int32_t*>(base);
         auto* cmax_d = reinterpret_cast<std::int32_t*>(base + b_pos);
-        auto* probes_d = reinterpret_cast<std::int32_t*>(base + b_pos + b_cmax);
-        int* status_d = reinterpret_cast<int*>(base + b_pos + b_cmax + b_probes);
+        auto* first_d = reinterpret_cast<std::int32_t*>(base + b_pos + b_cmax);
+        auto* probes_d = reinterpret_cast<std::int32_t*>(base + b_pos + b_cmax + b_first);
+        int* status_d = reinterpret_cast<int*>(base + b_pos + b_cmax + b_first + b_probes);
         auto* wpos_d = reinterpret_cast<std::int32_t*>(base + up);
         char* at = base + up + b_wrows;
         void* qbuf = at;
@@ -297,9 +299,24 @@ public:
             for (std::int64_t c = 0; c < npc; ++c)
                 cmax_h[c] = static_cast<std::int32_t>(probes[static_cast<std::size_t>(std::min(np - 1, 16 * c + 15))]);
         }
-        auto* probes_h = reinterpret_cast<std::int32_t*>(h + b_pos + b_cmax);
+        if (wg) {
+            // Key block kb's first active chunk: the first of a segment whose last row's position is at
+            // or after 128 kb (positions ascend in a segment, so one merge over blocks and chunks).
+            auto* first_h = reinterpret_cast<std::int32_t*>(h + b_pos + b_cmax);
+            const std::int64_t cps = per_head ? rows / qpk / kProbeWgRows : rows / kProbeWgRows;
+            auto last_pos = [&](std::int64_t c) -> std::int64_t {
+                const std::int64_t r = c * kProbeWgRows + kProbeWgRows - 1 - wg_pad;
+                return r < 0 ? -1 : probes[static_cast<std::size_t>(per_head ? r : r / qpk)];
+            };
+            std::int64_t c = 0;
+            for (std::int64_t kb = 0; kb < ncb; ++kb) {
+                while (c < cps && last_pos(c) < kb * kProbeColTile) ++c;
+                first_h[kb] = static_cast<std::int32_t>(c);
+            }
+        }
+        auto* probes_h = reinterpret_cast<std::int32_t*>(h + b_pos + b_cmax + b_first);
         for (std::int64_t i = 0; i < np; ++i) probes_h[i] = static_cast<std::int32_t>(probes[static_cast<std::size_t>(i)]);
-        std::memset(h + b_pos + b_cmax + b_probes, 0, b_status);
+        std::memset(h + b_pos + b_cmax + b_first + b_probes, 0, b_status);
         check_cuda(cudaMemcpyAsync(base, h, up, cudaMemcpyHostToDevice, stream), fn, "cudaMemcpyAsync");
         staging_.mark(stream, fn);
 
@@ -327,6 +344,7 @@ public:
         if (wg) {
             a.probes = probes_d;
             a.wg_pos = wpos_d;
+            a.wg_first = first_d;
             a.wg_segs = per_head ? static_cast<int>(qpk) : 1;
             a.wg_pad = wg_pad;
         } else {

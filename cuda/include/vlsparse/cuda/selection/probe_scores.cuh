@@ -75,6 +75,8 @@ struct ProbeArgs {
     // positions ascend within a segment and every segment holds the same ones.
     const std::int32_t* probes = nullptr;  // [n_probes] ascending, on the device (wgmma path)
     std::int32_t* wg_pos = nullptr;
+    const std::int32_t* wg_first = nullptr;  // [ceil(n / 128)] per key block, the first chunk of a segment
+                                             // whose last position is at or after the block's first key
     int wg_segs = 1, wg_pad = 0;
     const uint4* qpack = nullptr;          // tensor cores: [H_kv][qpk * npc][KS][32] A fragments
     const float* qrows = nullptr;          // CUDA cores: [H_kv][qpk * npc * 16][d] fp32 rows (scaled by nothing)
@@ -580,12 +582,13 @@ __global__ void probe_pack_wg_kernel(const ProbeArgs a) {
     const std::int64_t chunks = static_cast<std::int64_t>(a.qpk) * nc;
     const std::int64_t total = static_cast<std::int64_t>(a.Hkv) * chunks * kProbeWgRows * S::CH;
     const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    const int rows = static_cast<int>(chunks) * kProbeWgRows;
     if (i >= total) return;
     const int c = static_cast<int>(i % S::CH), r = static_cast<int>((i / S::CH) % kProbeWgRows);
     const std::int64_t ch = (i / (S::CH * kProbeWgRows)) % chunks;
     const int g = static_cast<int>(i / (S::CH * kProbeWgRows * chunks));
     const int cr = static_cast<int>(ch) * kProbeWgRows + r;  // the chunk row
-    const ProbeWgRow w = probe_wg_row(a, cr, static_cast<int>(chunks) * kProbeWgRows);
+    const ProbeWgRow w = probe_wg_row(a, cr, rows);
     const int p = w.pos;
     const int h = g * a.qpk + w.head;
     if (g == 0 && c == 0) a.wg_pos[cr] = p;
@@ -641,26 +644,28 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
     const std::int64_t rows = static_cast<std::int64_t>(a.qpk) * a.npc * 16;
     const int ncb = (a.n + kProbeColTile - 1) / kProbeColTile;
 
+    // The block's keys, zero past n and d: the consumers' copies, issued first (waited for below).
+    if (tid < NC) {
+        const T* kbase = static_cast<const T*>(a.k) + static_cast<std::int64_t>(g) * a.k_s1;
+        for (int i = tid; i < kProbeColTile * CH; i += NC) {
+            const int r = i / CH, c = i % CH;
+            const int key = col0 + r;
+            const bool ok = key < a.n && c * 8 < a.d;
+            copy16_async(ktile + swizzle128_offset<kProbeColTile>(r, c), ok ? kbase + static_cast<std::int64_t>(key) * a.k_s0 + c * 8 : kbase, ok);
+        }
+        copy_commit();
+    }
     if (tid == 0) {
         for (int st = 0; st < ST; ++st) {
             mbar_init(full_bar + st, 1);                        // the producer's arrive (with the bytes)
             mbar_init(empty_bar + st, Pass1 ? NC / 2 : NC);  // every thread of the warpgroup(s) that read the chunk
         }
     }
-    // Active chunks: in each segment those whose last position (their last row's) is at or after col0,
-    // a suffix (positions ascend within a segment, and the segments hold the same ones: one search);
-    // the block's are the items z, z + R, ... of the segments' suffixes one after the other.
+    // Active chunks: in each segment those from wg_first[kb] on (whose last position is at or after
+    // col0: positions ascend within a segment, and the segments hold the same ones); the block's are
+    // the items z, z + R, ... of the segments' suffixes one after the other.
     const int nseg = a.wg_segs, cps = a.qpk * nc / nseg;
-    int first;
-    {
-        int lo = 0, hi = cps;
-        while (lo < hi) {
-            const int mid = (lo + hi) / 2;
-            if (probe_wg_row(a, mid * kProbeWgRows + kProbeWgRows - 1, static_cast<int>(rows)).pos >= col0) hi = mid;
-            else lo = mid + 1;
-        }
-        first = lo;
-    }
+    const int first = a.wg_first[kb];
     const int per_seg = cps - first;
     const int n_active = per_seg * nseg;
     const int n_mine = n_active > z ? (n_active - z + R - 1) / R : 0;
@@ -688,36 +693,15 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
         return;
     }
 
-    // The block's keys, zero past n and d (the consumers' copies; the producer's chunks are in flight).
-    {
-        const T* kbase = static_cast<const T*>(a.k) + static_cast<std::int64_t>(g) * a.k_s1;
-        for (int i = tid; i < kProbeColTile * CH; i += NC) {
-            const int r = i / CH, c = i % CH;
-            const int key = col0 + r;
-            const bool ok = key < a.n && c * 8 < a.d;
-            copy16_async(ktile + swizzle128_offset<kProbeColTile>(r, c), ok ? kbase + static_cast<std::int64_t>(key) * a.k_s0 + c * 8 : kbase, ok);
-        }
-        copy_commit();
-    }
     copy_wait<0>();
     fence_proxy_async_shared();
     named_barrier_sync<1, NC>();  // the key tile, for every consumer and the tensor cores
 
-    if constexpr (Pass1) {
-        // Pass 1 reads every element of K: the first of a key block's rsplit blocks checks its tile.
-        // (both halves of a word at once: a half is NaN / Inf when its exponent field is all ones)
-        constexpr unsigned E = std::is_same_v<T, bfloat16> ? 0x7f807f80u : 0x7c007c00u;
-        unsigned hits = 0;
-        if (z == 0) {
-            for (int i = tid; i < kProbeColTile * CH; i += NC) {
-                const uint4 w = *reinterpret_cast<const uint4*>(ktile + swizzle128_offset<kProbeColTile>(i / CH, i % CH));
-                hits |= __vcmpeq2(w.x & E, E) | __vcmpeq2(w.y & E, E) | __vcmpeq2(w.z & E, E) | __vcmpeq2(w.w & E, E);
-            }
-        }
-        if (hits != 0 && a.status) atomicOr(a.status, kInputNonFinite);
-    }
-
     auto wait_full = [&](int t) { mbar_wait(full_bar + t % ST, static_cast<unsigned>((t / ST) & 1)); };
+    // Descriptors of the ring's and the key tile's first bytes: a chunk's are these plus the offset / 16
+    // (the address field's low bits; shared-memory addresses stay below 2^18, so no carry leaves it).
+    const std::uint64_t rdesc = wgmma_desc(raddr, 16, 1024), kdesc = wgmma_desc(kaddr, 16, 1024);
+    (void)kdesc;
     const int kfirst = col0 + 64 * wg;  // this warpgroup's first key
     if constexpr (!Pass1) {
         // This warpgroup's 64 keys as wgmma A fragments for the whole block (each warp 16 rows: the
@@ -730,14 +714,14 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
                 ldsm_x4(kf[ks][0], kf[ks][1], kf[ks][2], kf[ks][3], ktile + swizzle128_offset<kProbeColTile>(r, 2 * ks + (lane >> 4)));
         }
         auto products = [&](float (&s)[32], int st) {
-            const unsigned caddr = raddr + st * S::CHUNK_BYTES;
+            const std::uint64_t cdesc = rdesc + ((st * S::CHUNK_BYTES) >> 4);
             wgmma_reg_fence(s);
             wgmma_reg_fence_u(kf);
             wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < KS; ++ks)
                 wgmma_rs_n64<T, 0>(s, kf[ks][0], kf[ks][1], kf[ks][2], kf[ks][3],
-                                   wgmma_desc(caddr + (ks >> 2) * S::C_PLANE + (ks & 3) * 32, 16, 1024), ks > 0);
+                                   cdesc + (((ks >> 2) * S::C_PLANE + (ks & 3) * 32) >> 4), ks > 0);
             wgmma_commit();
         };
         // s[4 j + e]: key kfirst + 16 wi + gq (+ 8 for e >= 2), chunk row 8 j + 2 tq + (e & 1).
@@ -815,13 +799,13 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
             float s[64];
             wait_full(t);
             {
-                const unsigned caddr = raddr + st * S::CHUNK_BYTES;
+                const std::uint64_t cdesc = rdesc + ((st * S::CHUNK_BYTES) >> 4);
                 wgmma_reg_fence(s);
                 wgmma_fence();
 #pragma unroll
                 for (int ks = 0; ks < KS; ++ks)
-                    wgmma_ss_n128<T>(s, wgmma_desc(caddr + (ks >> 2) * S::C_PLANE + (ks & 3) * 32, 16, 1024),
-                                     wgmma_desc(kaddr + (ks >> 2) * S::K_PLANE + (ks & 3) * 32, 16, 1024), ks > 0);
+                    wgmma_ss_n128<T>(s, cdesc + (((ks >> 2) * S::C_PLANE + (ks & 3) * 32) >> 4),
+                                     kdesc + (((ks >> 2) * S::K_PLANE + (ks & 3) * 32) >> 4), ks > 0);
                 wgmma_commit();
             }
             const int* pos = reinterpret_cast<const int*>(meta + st * S::META_BYTES);
@@ -829,17 +813,24 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
             wgmma_wait<0>();
             wgmma_reg_fence(s);
             mbar_arrive(empty_bar + st);  // (the stage's last read by this thread; the products are done)
-            const bool full = __all_sync(0xffffffffu, min(p_lo, p_hi) >= col0 + kProbeColTile - 1);
+            // The causal mask only where a row of the chunk misses a key of the block (warp-uniform; the
+            // common case skips it whole).
+            if (!__all_sync(0xffffffffu, min(p_lo, p_hi) >= col0 + kProbeColTile - 1)) {
+                // (key - col0 - 2 tq) against each row's limit: one compare per element
+                const int lim_lo = p_lo - col0 - 2 * tq, lim_hi = p_hi - col0 - 2 * tq;
+#pragma unroll
+                for (int j = 0; j < 16; ++j)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        if (8 * j + e > lim_lo) s[4 * j + e] = -INFINITY;
+                        if (8 * j + e > lim_hi) s[4 * j + 2 + e] = -INFINITY;
+                    }
+            }
             float mlo = -INFINITY, mhi = -INFINITY;
 #pragma unroll
             for (int j = 0; j < 16; ++j)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    if (!full) {
-                        const int key = col0 + 8 * j + 2 * tq + e;
-                        if (key > p_lo) s[4 * j + e] = -INFINITY;
-                        if (key > p_hi) s[4 * j + 2 + e] = -INFINITY;
-                    }
                     mlo = fmaxf(mlo, s[4 * j + e]);
                     mhi = fmaxf(mhi, s[4 * j + 2 + e]);
                 }
@@ -862,6 +853,18 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
                 a.part[(row + 8) * ncb + kb] = make_float2(mhi, lhi);
             }
         }
+        // Pass 1 reads every element of K: the first of a key block's rsplit blocks checks its tile, after
+        // its chunks (the tile stays; checked before the first chunk it delayed every block's start).
+        // (both halves of a word at once: a half is NaN / Inf when its exponent field is all ones)
+        constexpr unsigned E = std::is_same_v<T, bfloat16> ? 0x7f807f80u : 0x7c007c00u;
+        unsigned hits = 0;
+        if (z == 0) {
+            for (int i = tid; i < kProbeColTile * CH; i += NC) {
+                const uint4 w = *reinterpret_cast<const uint4*>(ktile + swizzle128_offset<kProbeColTile>(i / CH, i % CH));
+                hits |= __vcmpeq2(w.x & E, E) | __vcmpeq2(w.y & E, E) | __vcmpeq2(w.z & E, E) | __vcmpeq2(w.w & E, E);
+            }
+        }
+        if (hits != 0 && a.status) atomicOr(a.status, kInputNonFinite);
     }
 #else
     (void)a;
