@@ -114,6 +114,7 @@ __global__ void __launch_bounds__(kSelectThreads) avl_refresh_kernel(const __gri
     const AvlRefreshSpan sp = a.spans ? a.spans[si] : a.inline_spans[si];
     if (threadIdx.x == 0) {
         sh.wh = reinterpret_cast<RadixWarpHist*>(refresh_dyn);
+        sh.pass = 0;
         s_bad = 0;
         if (blockIdx.x == 0) a.status[1 - a.slot] = 0;  // the next refresh's word
     }

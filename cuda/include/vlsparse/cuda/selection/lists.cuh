@@ -143,6 +143,7 @@ __global__ void __launch_bounds__(kSelectThreads) mark_topk_kernel(const __grid_
     const RankTask t = a.tasks ? a.tasks[ti] : a.inline_tasks[ti];
     if (threadIdx.x == 0) {
         sh.wh = reinterpret_cast<RadixWarpHist*>(mark_dyn);
+        sh.pass = 0;
         s_count = 0;
         s_bad = 0;
     }

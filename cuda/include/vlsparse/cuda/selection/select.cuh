@@ -92,6 +92,8 @@ constexpr std::size_t select_smem_bytes(int cached) {
 
 struct RadixShared {
     RadixWarpHist* wh;     // the per-warp histograms
+    int pass;              // histogram passes so far in this kernel (both rankings): pass p writes buffer
+                           // p & 1; set to 0 with `wh` before the first (every block of a team alike)
     unsigned cnt[2][256];  // this block's histogram (merged over its warps), by pass parity: a team's
     unsigned long long mass[2][256];  // other blocks read it until the next pass's barrier
     unsigned tcnt[256];    // summed over the team: what the bins are picked from
@@ -117,8 +119,10 @@ __device__ __forceinline__ unsigned long long fixed_mass(float x, double F) {
 
 // Histogram pass: digit (key >> shift) & 255 of every key in [lo, hi) matching sh.prefix under
 // sh.mask, into sh.cnt[P] / sh.mass[P] (this block's, merged from the per-warp histograms), then the
-// team's sums into sh.tcnt / sh.tmass (integers: exact in any order). P = the pass's parity: a team's
-// blocks read each other's buffer P until the barrier of the next pass, which writes the other one.
+// team's sums into sh.tcnt / sh.tmass (integers: exact in any order). P = sh.pass & 1, the pass's
+// parity over the kernel's passes (pick_bin counts them): a team's blocks read each other's buffer P
+// until the barrier of the next pass, which writes the other one -- also when that pass is the next
+// ranking's first, so a ranking that ends early needs no barrier of its own.
 //
 // Two ways to fill the block's histogram. Counts of a slice of at most kDirectSlice positions (at most
 // 8 per thread: every slice of a team of 8 ranking up to 64K positions) go straight into sh.cnt[P]: the lanes of a warp that
@@ -134,7 +138,7 @@ template <bool Mass, class Score>
 __device__ void radix_hist(RadixShared& sh, const RadixTeam& team, const Score& score, int lo, int hi, int shift,
                            double F) {
     const int warp = threadIdx.x >> 5;
-    const int P = (shift >> 3) & 1;
+    const int P = sh.pass & 1;
     if (!Mass && hi - lo <= kDirectSlice) {  // (uniform over the block)
         for (int b = threadIdx.x; b < 256; b += blockDim.x) sh.cnt[P][b] = 0;
         __syncthreads();
@@ -307,6 +311,8 @@ __device__ __forceinline__ void team_sum2(RadixShared& sh, const RadixTeam& team
 template <bool Mass>
 __device__ void pick_bin(RadixShared& sh, double target, unsigned k, int shift) {
     const int lane = threadIdx.x & 31;
+    // (every thread has read this pass's parity: radix_hist ended with a block barrier)
+    if (lane == 0) ++sh.pass;
     unsigned c = 0;
     unsigned long long m = 0;
 #pragma unroll
@@ -387,9 +393,7 @@ __device__ int block_count_for_mass(RadixShared& sh, const RadixTeam& team, cons
         // same totals).
         if (shift > 0 && sh.tcnt[last_bin] == 1) {
             const int p = static_cast<int>(sh.above_cnt) + 1;
-            // (the next ranking's first pass may write the histogram buffer the team's blocks are still
-            // reading from this pass: wait for them)
-            team.sync();
+            __syncthreads();  // (sh is rewritten by the next ranking; the next pass writes the other buffer)
             return p;
         }
     }
@@ -435,7 +439,7 @@ __device__ void block_topk_threshold(RadixShared& sh, const RadixTeam& team, con
             need = k - static_cast<int>(sh.above_cnt);
             eq_count = need;
             eq_before = 0;  // (unused: nothing is ranked among equals)
-            team.sync();    // (as in block_count_for_mass: the team may still read this pass's buffer)
+            __syncthreads();
             return;
         }
     }
@@ -443,9 +447,10 @@ __device__ void block_topk_threshold(RadixShared& sh, const RadixTeam& team, con
     vmask = 0xffffffffu;
     need = k - static_cast<int>(sh.above_cnt);
     eq_count = static_cast<int>(sh.tcnt[sh.bin]);  // the last pass's bin holds exactly the keys equal to vkey
-    // (the last pass, shift 0, wrote buffer 0; no pass rewrites it before the kernel's end)
+    // (the last pass wrote buffer (pass - 1) & 1; no pass rewrites it before the kernel's end)
     int before = 0;
-    for (int r = 0; r < team.rank; ++r) before += static_cast<int>(*team.peer(&sh.cnt[0][sh.bin], r));
+    const int P = (sh.pass - 1) & 1;
+    for (int r = 0; r < team.rank; ++r) before += static_cast<int>(*team.peer(&sh.cnt[P][sh.bin], r));
     eq_before = before;
     __syncthreads();
 }
@@ -621,7 +626,10 @@ __global__ void __launch_bounds__(kSelectThreads) zipvl_finish_kernel(const __gr
     __shared__ RadixShared sh;
     extern __shared__ __align__(16) unsigned char select_dyn[];
     const RadixTeam team = RadixTeam::current();
-    if (threadIdx.x == 0) sh.wh = reinterpret_cast<RadixWarpHist*>(select_dyn);
+    if (threadIdx.x == 0) {
+        sh.wh = reinterpret_cast<RadixWarpHist*>(select_dyn);
+        sh.pass = 0;
+    }
     const int g = static_cast<int>(blockIdx.x) / team.size, n = f.n;
     const int lo = team.slice_lo(n), hi = team.slice_hi(n);
     const float* acc = f.accumulated + static_cast<std::int64_t>(g) * n;
