@@ -155,7 +155,7 @@ public:
         const std::size_t b_text = P.keep_text ? align256(static_cast<std::size_t>(n)) : 0;
         const std::size_t b_sc = align256(static_cast<std::size_t>(G * n) * 4);
         const std::size_t b_lists = align256(static_cast<std::size_t>(G * n) * 4);
-        const std::size_t b_small = align256(static_cast<std::size_t>(3 * G + 2) * 4);  // p, count, indptr
+        const std::size_t b_small = align256(static_cast<std::size_t>(3 * G + 2) * 4);  // p, count, indptr, status
         char* base = static_cast<char*>(work_.get(b_text + 2 * b_sc + 2 * b_lists + b_small, fn));
         auto* text_d = reinterpret_cast<std::uint8_t*>(base);
         auto* acc_d = reinterpret_cast<float*>(base + b_text);
@@ -198,6 +198,7 @@ public:
         f.p = p_d;
         f.count = cnt_d;
         f.status = status_d;
+        f.status_copy = small_d + 3 * G + 1;
         f.fixed_p = P.ratio == ZipVLRatio::fixed ? static_cast<int>(zipvl_fixed_count(n, P.fixed_ratio)) : 0;
         f.rank_accumulated = P.ranking == ZipVLRanking::accumulated;
         // One group (layer-wise): the kernel writes the final list and indptr itself.
@@ -219,18 +220,16 @@ public:
                                      lists_d, cnt_d, static_cast<int>(n), static_cast<int>(G), idx_d, indptr_d);
         }
 
-        // p, counts, indptr and the status word back to the host: the one synchronization.
+        // p [G], counts [G], indptr [G + 1] and the status word (copied there by the ranking kernel) back
+        // to the host in one copy: the one synchronization.
         auto* back = reinterpret_cast<int*>(h + b_text);
-        // p [G], counts [G], indptr [G + 1]: not the padding int after them (never written).
-        detail::check_cuda(cudaMemcpyAsync(back, small_d, static_cast<std::size_t>(3 * G + 1) * sizeof(int), cudaMemcpyDeviceToHost, stream),
+        detail::check_cuda(cudaMemcpyAsync(back, small_d, static_cast<std::size_t>(3 * G + 2) * sizeof(int), cudaMemcpyDeviceToHost, stream),
                            fn, "cudaMemcpyAsync");
-        detail::check_cuda(cudaMemcpyAsync(back + 3 * G + 2, status_d, sizeof(int), cudaMemcpyDeviceToHost, stream), fn,
-                           "cudaMemcpyAsync");
         staging_.mark(stream, fn);
         detail::check_cuda(cudaStreamSynchronize(stream), fn, "cudaStreamSynchronize");
-        detail::require((back[3 * G + 2] & detail::kInputNonFinite) == 0, fn,
+        detail::require((back[3 * G + 1] & detail::kInputNonFinite) == 0, fn,
                         "q or k holds NaN or Inf (in k, or in a probe row of q: the rows the selection reads)");
-        detail::require(back[3 * G + 2] == 0, fn,
+        detail::require(back[3 * G + 1] == 0, fn,
                         "a score is not finite: an fp32 overflow of a probe logit (inputs too large for the scale)");
         r.p.resize(static_cast<std::size_t>(G));
         r.indptr.resize(static_cast<std::size_t>(G + 1));

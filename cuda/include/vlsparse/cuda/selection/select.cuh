@@ -577,6 +577,8 @@ struct ZipVLFinishArgs {
     int* p = nullptr;                    // [G]
     int* count = nullptr;                // [G]
     int* status = nullptr;               // bit 0: a non-finite score
+    int* status_copy = nullptr;          // where the first block copies *status (beside p and the
+                                         // counts, so that the host reads all back in one copy)
 };
 
 // Accumulated and normalized scores of every group (grid-stride over G x n): the KV heads' and the
@@ -634,7 +636,9 @@ __global__ void __launch_bounds__(kSelectThreads) zipvl_finish_kernel(const __gr
     const int lo = team.slice_lo(n), hi = team.slice_hi(n);
     const float* acc = f.accumulated + static_cast<std::int64_t>(g) * n;
     const float* nrm = f.normalized + static_cast<std::int64_t>(g) * n;
-    const bool bad = (*f.status & 1) != 0;
+    const int status = *f.status;
+    if (f.status_copy && threadIdx.x == 0 && blockIdx.x == 0) *f.status_copy = status;
+    const bool bad = (status & 1) != 0;
     if (bad) {  // a non-finite score: nothing to rank (the host reports it); uniform over the team
         if (threadIdx.x == 0 && team.rank == 0) {
             f.p[g] = 0;
