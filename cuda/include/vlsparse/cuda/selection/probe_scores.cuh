@@ -70,7 +70,7 @@ struct ProbeArgs {
     // wgmma path: a KV head's chunk rows (64 per chunk) in wg_segs segments of equal length: 1 (its
     // query heads' probe rows merged in position order, the heads' rows of one probe side by side) or
     // qpk (segment h: head h's rows in position order); wg_pad padding rows (no probe) first in each
-    // segment. wg_row() says which probe and head a row holds; wg_pos [rows] the rows' positions (-1:
+    // segment. probe_wg_row() says which probe and head a row holds; wg_pos [rows] the rows' positions (-1:
     // padding), written by the pack kernel for the passes' bulk copies and the lse kernel. The
     // positions ascend within a segment and every segment holds the same ones.
     const std::int32_t* probes = nullptr;  // [n_probes] ascending, on the device (wgmma path)
