@@ -40,6 +40,10 @@ inline std::vector<std::int64_t> parse_size_list(const char* s) {
     return v;
 }
 
+// Does nothing: a benchmark's reference for the cost of a launch on its own.
+template <int Unused = 0>
+__global__ void bench_empty_kernel() {}
+
 // Reads p[0, n) (a dependent xor the compiler cannot drop): empties the L2 of dirty lines.
 template <int Unused = 0>
 __global__ void bench_read_flush(const uint4* p, std::size_t n, unsigned* sink) {

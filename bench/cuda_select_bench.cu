@@ -216,7 +216,7 @@ int main(int argc, char** argv) {
             // The steps as an engine runs them: the step's plan and decode (over the policy's list, writing the
             // probabilities its update reads), alone and followed by the update; the difference is what the
             // policy adds to a decode step. K / V of n + S rows: the prompt's, then the decode tokens'.
-            const std::int64_t S = 3 * (warmup + reps) + 16;
+            const std::int64_t S = 8 * (warmup + reps) + 16;  // H2O's six timed loops of steps, and A-VL's
             const std::size_t prompt_elems = static_cast<std::size_t>(n * Hkv * d), all_elems = static_cast<std::size_t>((n + S) * Hkv * d);
             cuda::DeviceArray<bfloat16> kx(all_elems), vx(all_elems);
             VLSPARSE_BENCH_CK(cudaMemset(kx.data(), 0, all_elems * sizeof(bfloat16)));
@@ -296,19 +296,35 @@ int main(int argc, char** argv) {
                 std::vector<float> hp(static_cast<std::size_t>(h2o.rows().indptr.back()));
                 for (auto& x : hp) x = static_cast<float>(rng.uniform() / static_cast<double>(hp.size()));
                 cuda::DeviceArray<float> hpd(hp);
+                // Both step paths in the same run: the two kernels split at the group barrier first, then the
+                // default (one kernel where its grid fits the resident blocks).
+                h2o.set_step_path(cuda::H2OStepPath::two_kernels);
+                const double upd2 = rt.median_us([&] { h2o.observe(hpd.data()); }, warmup, reps);
+                h2o.set_step_path(cuda::H2OStepPath::automatic);
                 const double upd = rt.median_us([&] { h2o.observe(hpd.data()); }, warmup, reps);
+                const bool one = h2o.last_step_path() == cuda::H2OStepPath::one_kernel;
                 const double kept = static_cast<double>(h2o.rows().indptr.back()) / static_cast<double>(Hkv * n);
+                row("h2o_decode_update_two_kernels", upd2, kept,
+                    "H2O's update as two kernels (scores + eviction candidate, then the next lists), heavy 10% recent 10% per KV head");
                 row("h2o_decode_update", upd, kept,
-                    "H2O's update after a decode step (scores + eviction + append, no sync), heavy 10% recent 10% per KV head");
+                    one ? "H2O's update after a decode step (scores + eviction + append in one kernel, no sync), heavy 10% recent 10% per KV head"
+                        : "H2O's update after a decode step (two kernels: the lists do not fit one), heavy 10% recent 10% per KV head");
                 const double dec_np = rt.median_us([&] { step_decode(h2o.rows(), false); }, warmup, reps);
                 const double dec_p = rt.median_us([&] { step_decode(h2o.rows(), true); }, warmup, reps);
                 const double dec_u = rt.median_us([&] {
                     step_decode(h2o.rows(), true);
                     h2o.observe(step_probs.data());
                 }, warmup, reps);
+                h2o.set_step_path(cuda::H2OStepPath::two_kernels);
+                const double dec_u2 = rt.median_us([&] {
+                    step_decode(h2o.rows(), true);
+                    h2o.observe(step_probs.data());
+                }, warmup, reps);
+                h2o.set_step_path(cuda::H2OStepPath::automatic);
                 row("h2o_step_decode_noprobs", dec_np, kept, "an H2O step's plan and decode over its lists, no probabilities");
                 row("h2o_step_decode", dec_p, kept, "the same with the probabilities the update reads");
                 row("h2o_step_decode_update", dec_u, kept, "the same followed by the update (observe)");
+                row("h2o_step_decode_update_two_kernels", dec_u2, kept, "the same, the update as two kernels");
                 // The same step with the probabilities computed inside the update from the scores the decode
                 // leaves in its plan (defer_probs, observe(plan)): no probability kernel.
                 cuda::DecodeOptions dfr = dop;
@@ -319,13 +335,39 @@ int main(int argc, char** argv) {
                     cuda::batched_decode_attention(step_plan, q1v, cx, r.rows(), o1v, dfr);
                     h2o.observe(step_plan);
                 }, warmup, reps);
+                const double dec_d = rt.median_us([&] {
+                    const cuda::DeviceSelection& r = h2o.rows();
+                    step_plan.plan({lens_x, {}, r.indptr, static_cast<std::int32_t>(r.lists())}, H, Hkv, d, true, nullptr, DType::bf16);
+                    cuda::batched_decode_attention(step_plan, q1v, cx, r.rows(), o1v, dfr);
+                }, warmup, reps);
+                h2o.set_step_path(cuda::H2OStepPath::two_kernels);
+                const double dec_f2 = rt.median_us([&] {
+                    const cuda::DeviceSelection& r = h2o.rows();
+                    step_plan.plan({lens_x, {}, r.indptr, static_cast<std::int32_t>(r.lists())}, H, Hkv, d, true, nullptr, DType::bf16);
+                    cuda::batched_decode_attention(step_plan, q1v, cx, r.rows(), o1v, dfr);
+                    h2o.observe(step_plan);
+                }, warmup, reps);
+                h2o.set_step_path(cuda::H2OStepPath::automatic);
                 row("h2o_step_decode_update_fused", dec_f, kept,
                     "the same with the probabilities computed inside the update (defer_probs, observe(plan))");
-                std::fprintf(stderr, "n %lld H2O update in the loop: +%.1f us = %.1f%% of a dense decode step (probabilities +%.1f us)\n",
-                             static_cast<long long>(n), dec_u - dec_p, 100.0 * (dec_u - dec_p) / dec, dec_p - dec_np);
+                row("h2o_step_decode_update_fused_two_kernels", dec_f2, kept, "the same, the update as two kernels");
+                row("h2o_step_decode_deferred", dec_d, kept, "the step's plan and decode keeping the scores for the update (defer_probs), no update");
+                // The floor of any separate kernel in this harness: an empty kernel timed the same way.
+                const double empty = rt.median_us([&] { bench::bench_empty_kernel<><<<1, 32>>>(); }, warmup, reps);
+                row("empty_kernel", empty, 0.0, "an empty kernel timed as the calls above (the floor of a separate launch)");
+                std::fprintf(stderr, "n %lld H2O update alone: %.1f us = %.1f%% of a dense decode step (two kernels: %.1f us = %.1f%%)\n",
+                             static_cast<long long>(n), upd, 100.0 * upd / dec, upd2, 100.0 * upd2 / dec);
+                std::fprintf(stderr, "n %lld H2O update in the loop: +%.1f us = %.1f%% of a dense decode step (probabilities +%.1f us; "
+                             "two kernels +%.1f us = %.1f%%)\n",
+                             static_cast<long long>(n), dec_u - dec_p, 100.0 * (dec_u - dec_p) / dec, dec_p - dec_np, dec_u2 - dec_p,
+                             100.0 * (dec_u2 - dec_p) / dec);
                 std::fprintf(stderr, "n %lld H2O probabilities + update inside the update: +%.1f us over the decode without "
-                             "probabilities = %.1f%% of a dense decode step (with the probability kernel: +%.1f us)\n",
-                             static_cast<long long>(n), dec_f - dec_np, 100.0 * (dec_f - dec_np) / dec, dec_u - dec_np);
+                             "probabilities = %.1f%% of a dense decode step (with the probability kernel: +%.1f us; two kernels: "
+                             "+%.1f us)\n",
+                             static_cast<long long>(n), dec_f - dec_np, 100.0 * (dec_f - dec_np) / dec, dec_u - dec_np, dec_f2 - dec_np);
+                std::fprintf(stderr, "n %lld H2O deferred scores in the decode: +%.1f us; the update after them: +%.1f us = %.1f%% "
+                             "(two kernels +%.1f us); an empty kernel %.1f us\n",
+                             static_cast<long long>(n), dec_d - dec_np, dec_f - dec_d, 100.0 * (dec_f - dec_d) / dec, dec_f2 - dec_d, empty);
             }
         }
         if (want("lists")) {

@@ -37,6 +37,7 @@ struct H2OCase {
     BaselineGroups groups = BaselineGroups::kv_head;
     bool evict = true, zero_q = false;
     bool from_plan = false;  // observe(plan): the probabilities computed inside the update
+    cuda::H2OStepPath path = cuda::H2OStepPath::automatic;
     std::uint64_t seed = 1;
 };
 
@@ -51,7 +52,8 @@ void run_case(const H2OCase& c) {
     const std::int64_t n = c.n, H = c.H, Hkv = c.Hkv, d = c.d, S = c.steps, cap = n + S;
     INFO("n " << n << ", H " << H << "/" << Hkv << ", " << (c.groups == BaselineGroups::kv_head ? "kv_head" : "layer")
               << ", heavy " << c.heavy << ", recent " << c.recent << (c.evict ? "" : ", no eviction")
-              << (c.zero_q ? ", q = 0" : "") << (c.from_plan ? ", observe(plan)" : ""));
+              << (c.zero_q ? ", q = 0" : "") << (c.from_plan ? ", observe(plan)" : "")
+              << (c.path == cuda::H2OStepPath::two_kernels ? ", two kernels a step" : ", one kernel a step"));
     SplitMix64 rng(vt::seed_or(20261126u) * 7919u + c.seed);
     auto values = [&](std::int64_t count, double spread, bool zero) {
         std::vector<bfloat16> x(static_cast<std::size_t>(count));
@@ -81,6 +83,7 @@ void run_case(const H2OCase& c) {
     }
     std::vector<std::vector<std::int64_t>> lists = sel.indices;
     cuda::H2ODecode h2o;
+    h2o.set_step_path(c.path);
     h2o.reset(kept, P, H, S);
     const std::int64_t heavy = P.heavy.resolve(n), recent = std::min(P.recent.resolve(n), n);
     const float heads = static_cast<float>(H / G);
@@ -119,6 +122,9 @@ void run_case(const H2OCase& c) {
         } else {
             h2o.observe(probs.data(), nullptr, t % 5 == 4);
         }
+        // These lists fit the device's resident blocks: automatic takes the one-kernel step.
+        REQUIRE(h2o.last_step_path() ==
+                (c.path == cuda::H2OStepPath::two_kernels ? cuda::H2OStepPath::two_kernels : cuda::H2OStepPath::one_kernel));
         // The replica: a_j += p x heads, then h2o_keep.
         for (std::int64_t g = 0; g < G; ++g) {
             const auto& l = lists[static_cast<std::size_t>(g)];
@@ -153,62 +159,69 @@ void run_case(const H2OCase& c) {
 }  // namespace
 
 TEST_CASE("cuda h2o decode: each step's lists and the scores equal the CPU rule on the kernel's probabilities", "[cuda][h2o]") {
-    std::uint64_t seed = 0;
-    for (BaselineGroups groups : {BaselineGroups::kv_head, BaselineGroups::layer})
-        for (bool evict : {true, false})
-            for (bool from_plan : {false, true}) {
-                H2OCase c;
-                c.groups = groups;
-                c.evict = evict;
-                c.from_plan = from_plan;
-                c.seed = ++seed;
-                run_case(c);
-            }
-    {
-        H2OCase c;  // MQA, 28 heads, d 128, a longer cache; the probabilities from the plan
-        c.from_plan = true;
-        c.n = 1500;
-        c.H = 28;
-        c.Hkv = 4;
-        c.d = 128;
-        c.steps = 20;
-        c.heavy = 0.05;
-        c.recent = 0.02;
-        c.seed = ++seed;
-        run_case(c);
-    }
-    {
-        H2OCase c;  // heavy + recent > n: the cache grows until it is over, then evicts
-        c.n = 40;
-        c.heavy = 0.5;
-        c.recent = 0.6;
-        c.steps = 16;
-        c.seed = ++seed;
-        run_case(c);
-    }
-    for (bool from_plan : {false, true}) {
-        H2OCase c;  // q = 0: every step's probabilities equal, ties at every cut
-        c.zero_q = true;
-        c.n = 200;
-        c.from_plan = from_plan;
-        c.seed = ++seed;
-        run_case(c);
-    }
-    // Lists of thousands of positions, updated by a team of blocks (one per 2048 entries, a cluster of up
-    // to 8 on sm_90): the dropped entry agreed across the team, ties across blocks (q = 0), and lists
-    // longer than the team covers in one round.
-    for (const auto& [n, heavy, recent, zero] : std::vector<std::tuple<std::int64_t, double, double, bool>>{
-             {12000, 0.3, 0.1, false}, {9000, 0.4, 0.05, true}, {45000, 0.3, 0.1, false}}) {
-        H2OCase c;
-        c.n = n;
-        c.H = 8;
-        c.Hkv = 2;
-        c.heavy = heavy;
-        c.recent = recent;
-        c.zero_q = zero;
-        c.steps = 6;
-        c.seed = ++seed;
-        run_case(c);
+    // Every case on both step paths: one kernel with a barrier among each group's blocks (automatic, for
+    // lists that fit the device's resident blocks) and two kernels split at that barrier.
+    for (cuda::H2OStepPath path : {cuda::H2OStepPath::automatic, cuda::H2OStepPath::two_kernels}) {
+        std::uint64_t seed = path == cuda::H2OStepPath::automatic ? 0 : 100;
+        auto run = [&](H2OCase c) {
+            c.path = path;
+            run_case(c);
+        };
+        for (BaselineGroups groups : {BaselineGroups::kv_head, BaselineGroups::layer})
+            for (bool evict : {true, false})
+                for (bool from_plan : {false, true}) {
+                    H2OCase c;
+                    c.groups = groups;
+                    c.evict = evict;
+                    c.from_plan = from_plan;
+                    c.seed = ++seed;
+                    run(c);
+                }
+        {
+            H2OCase c;  // MQA, 28 heads, d 128, a longer cache; the probabilities from the plan
+            c.from_plan = true;
+            c.n = 1500;
+            c.H = 28;
+            c.Hkv = 4;
+            c.d = 128;
+            c.steps = 20;
+            c.heavy = 0.05;
+            c.recent = 0.02;
+            c.seed = ++seed;
+            run(c);
+        }
+        {
+            H2OCase c;  // heavy + recent > n: the cache grows until it is over, then evicts
+            c.n = 40;
+            c.heavy = 0.5;
+            c.recent = 0.6;
+            c.steps = 16;
+            c.seed = ++seed;
+            run(c);
+        }
+        for (bool from_plan : {false, true}) {
+            H2OCase c;  // q = 0: every step's probabilities equal, ties at every cut
+            c.zero_q = true;
+            c.n = 200;
+            c.from_plan = from_plan;
+            c.seed = ++seed;
+            run(c);
+        }
+        // Lists of thousands of positions, each group's over tens of blocks: the dropped entry agreed among
+        // them (the barrier of the one-kernel step), ties across blocks (q = 0).
+        for (const auto& [n, heavy, recent, zero] : std::vector<std::tuple<std::int64_t, double, double, bool>>{
+                 {12000, 0.3, 0.1, false}, {9000, 0.4, 0.05, true}, {45000, 0.3, 0.1, false}}) {
+            H2OCase c;
+            c.n = n;
+            c.H = 8;
+            c.Hkv = 2;
+            c.heavy = heavy;
+            c.recent = recent;
+            c.zero_q = zero;
+            c.steps = 6;
+            c.seed = ++seed;
+            run(c);
+        }
     }
 }
 
@@ -234,10 +247,14 @@ TEST_CASE("cuda h2o decode: errors", "[cuda][h2o]") {
     probs.fill_bytes(0);
     REQUIRE_NOTHROW(h2o.observe(probs.data(), nullptr, true));
     REQUIRE_THROWS_WITH(h2o.observe(probs.data()), Contains("past the max_steps"));
-    // A non-finite probability is reported by a checked observe.
-    h2o.reset(kept, P, H, 2);
-    probs.fill_bytes(0xff);  // NaN
-    REQUIRE_THROWS_WITH(h2o.observe(probs.data(), nullptr, true), Contains("not finite"));
+    // A non-finite probability is reported by a checked observe, on either step path.
+    for (cuda::H2OStepPath path : {cuda::H2OStepPath::automatic, cuda::H2OStepPath::two_kernels}) {
+        h2o.set_step_path(path);
+        h2o.reset(kept, P, H, 2);
+        probs.fill_bytes(0xff);  // NaN
+        REQUIRE_THROWS_WITH(h2o.observe(probs.data(), nullptr, true), Contains("not finite"));
+    }
+    h2o.set_step_path(cuda::H2OStepPath::automatic);
 
     // observe(plan): a plan made with probabilities over this step's rows, and defer_probs's own checks.
     h2o.reset(kept, P, H, 2);
@@ -268,4 +285,52 @@ TEST_CASE("cuda h2o decode: errors", "[cuda][h2o]") {
                         Contains("defer_probs"));
     REQUIRE_NOTHROW(cuda::batched_decode_attention(good, qv1, cache, rows.rows(), ov1, deferred));
     REQUIRE_NOTHROW(h2o.observe(good, nullptr, true));
+}
+
+TEST_CASE("cuda h2o decode: a list too long for the one-kernel step takes two kernels", "[cuda][h2o]") {
+    // One list of 600,000 positions (a hand-made selection with scores): 2344 blocks of 256 entries, more
+    // than any current GPU holds resident at once, so the one-kernel step's barrier could not be met.
+    // Forced, it is an error (no launch, no hang); automatic runs the two kernels, and their result is
+    // checked against the rule on the host.
+    const std::int64_t n = 600000, H = 4;
+    std::vector<std::int32_t> all(static_cast<std::size_t>(n));
+    std::vector<float> sc(static_cast<std::size_t>(n));
+    for (std::int64_t j = 0; j < n; ++j) {
+        all[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(j);
+        sc[static_cast<std::size_t>(j)] = static_cast<float>((j * 7919) % 1000) + 1.0f;
+    }
+    sc[123457] = 0.5f;  // the lowest older score: the entry the step drops
+    cuda::DeviceArray<std::int32_t> idx(all), indptr(std::vector<std::int32_t>{0, static_cast<std::int32_t>(n)});
+    cuda::DeviceArray<float> scores(sc);
+    cuda::DeviceSelection kept;
+    kept.n = n;
+    kept.indptr = {0, static_cast<std::int32_t>(n)};
+    kept.indices = idx.data();
+    kept.indptr_dev = indptr.data();
+    kept.scores = scores.data();
+    kept.score_groups = 1;
+    kept.score_len = n;
+    H2OParams P;
+    P.heavy = TokenBudget::ratio(0.5);
+    P.recent = TokenBudget::ratio(0.5);
+    P.groups = BaselineGroups::layer;
+    cuda::H2ODecode h2o;
+    h2o.set_step_path(cuda::H2OStepPath::one_kernel);
+    h2o.reset(kept, P, H, 2);
+    const std::int64_t c = h2o.rows().indptr.back();
+    REQUIRE(c == n + 1);
+    cuda::DeviceArray<float> probs(static_cast<std::size_t>(c));
+    probs.fill_bytes(0);  // a step that adds nothing: the prefill's scores decide
+    REQUIRE_THROWS_WITH(h2o.observe(probs.data()), Contains("resident at once"));
+    h2o.set_step_path(cuda::H2OStepPath::automatic);
+    REQUIRE_NOTHROW(h2o.observe(probs.data(), nullptr, true));
+    REQUIRE(h2o.last_step_path() == cuda::H2OStepPath::two_kernels);
+    // n + 1 positions over heavy + recent = n: the lowest older one dropped, n + 1 appended.
+    std::vector<std::int64_t> want;
+    want.reserve(static_cast<std::size_t>(n + 1));
+    for (std::int64_t j = 0; j <= n + 1; ++j)
+        if (j != 123457) want.push_back(j);
+    const TokenSelection got = h2o.rows().to_host();
+    REQUIRE(got.indices.size() == 1);
+    CHECK(got.indices[0] == want);
 }

@@ -27,10 +27,14 @@
 // writes for these lists (each listed row's probability averaged over the query heads that read the
 // list): observe() multiplies it by the heads per list (H / G) to add what the CPU path adds, the sum
 // over the group's heads. a_j is kept in fp32 (the CPU path in double): scores within fp32 rounding of
-// each other may be ordered differently at the cut. Each step is two kernels over blocks of 256 list
-// entries: the scores added and each block's eviction candidate folded into a per-group minimum, then
-// the lists written without the dropped entry, the next token appended; both are programmatic
-// dependent launches (common.cuh), each launch overlapping the end of the kernel before it.
+// each other may be ordered differently at the cut; each list entry's a_j is also kept beside the list,
+// so a step reads it without first reading the position. A step is one kernel over blocks of 256 list
+// entries: the scores added, each block's eviction candidate folded into a per-group minimum, a barrier
+// among the group's blocks, then each block writes its entries into the next list without the dropped
+// one, the next token appended. The barrier needs every block of the grid resident at once; where the
+// grid does not fit (an H100 holds 660: 4 lists of more than about 42K positions do not), a step is two
+// kernels split at that barrier. Both are programmatic dependent launches (common.cuh), overlapping the
+// end of the kernel before them (H2OStepPath chooses or forces the path).
 // Include: this header, from a .cu translation unit (nvcc, C++20).
 #pragma once
 
@@ -62,17 +66,18 @@ __device__ __forceinline__ unsigned h2o_order_key(float x) {
 }
 
 // Step part 1, grid (chunks, G): a[g][pos] += p[e] * heads for the entries of group g's list (count c
-// at offset g * c of `cur`); with evict, the lowest score among the older entries [0, c - recent) and,
+// at offset g * c of `cur`; a_j read from cur_es, the entries' scores, and written to both); with evict, the lowest score among the older entries [0, c - recent) and,
 // among equal lowest scores, the highest entry into best[g] (atomicMin of key(score) << 32 | ~index). A
 // non-finite score sets *status. p: probs, or (FromPlan) computed here from the scores the decode
 // kernel left in its plan (list g of the plan's one sequence), the same bits decode_probs_kernel writes.
 template <bool FromPlan>
-__global__ void h2o_accumulate_kernel(const std::int32_t* cur, int c, const float* probs, const ProbArgs pa, float heads,
-                                      float* a, std::int64_t a_stride, int older, int evict, unsigned long long* best,
-                                      int* status) {
+__global__ void h2o_accumulate_kernel(const std::int32_t* cur, float* cur_es, int c, const float* probs, const ProbArgs pa,
+                                      float heads, float* a, std::int64_t a_stride, int older, int evict,
+                                      unsigned long long* best, int* status) {
     dependent_entry();
     const int g = blockIdx.y, tid = threadIdx.x;
     const std::int32_t* list = cur + static_cast<std::int64_t>(g) * c;
+    float* es = cur_es + static_cast<std::int64_t>(g) * c;
     const float* p = FromPlan ? nullptr : probs + static_cast<std::int64_t>(g) * c;
     float* ag = a + static_cast<std::int64_t>(g) * a_stride;
     unsigned long long mine = ~0ull;
@@ -81,7 +86,8 @@ __global__ void h2o_accumulate_kernel(const std::int32_t* cur, int c, const floa
     for (int i = i0 + tid; i < i1; i += blockDim.x) {
         const std::int32_t pos = list[i];
         const float pe = FromPlan ? decode_entry_prob(pa, static_cast<std::int64_t>(g) * c + i, g) : p[i];
-        const float x = __fmaf_rn(pe, heads, ag[pos]);  // the CPU test replays this exact operation
+        const float x = __fmaf_rn(pe, heads, es[i]);  // the CPU test replays this exact operation
+        es[i] = x;
         ag[pos] = x;
         bad |= !isfinite(x);
         if (evict && i < older) {
@@ -102,42 +108,153 @@ __global__ void h2o_accumulate_kernel(const std::int32_t* cur, int c, const floa
 }
 
 // Step part 2, grid (chunks, G): the entries of group g's list but the dropped one (from best[g], when
-// evicting) written at offset g * c_next of `next`, then `next_pos`; next_indptr; best_next[g] reset for
-// the next step.
+// evicting) and their scores written at offset g * c_next of `next` / `next_es`, then `next_pos` (score
+// 0); next_indptr; best_next[g] and arrive_next[g] reset for the next step.
 template <int Unused = 0>
-__global__ void h2o_compact_kernel(const std::int32_t* cur, int c, int evict, const unsigned long long* best,
-                                   unsigned long long* best_next, int next_pos, std::int32_t* next,
+__global__ void h2o_compact_kernel(const std::int32_t* cur, const float* cur_es, int c, int evict, const unsigned long long* best,
+                                   unsigned long long* best_next, unsigned* arrive_next, int next_pos, std::int32_t* next, float* next_es,
                                    std::int32_t* next_indptr, int c_next) {
     dependent_entry();
     const int g = blockIdx.y, tid = threadIdx.x;
     const std::int32_t* list = cur + static_cast<std::int64_t>(g) * c;
+    const float* es = cur_es + static_cast<std::int64_t>(g) * c;
     const int drop = evict ? static_cast<int>(0xffffffffu - static_cast<unsigned>(best[g] & 0xffffffffull)) : -1;
     std::int32_t* out = next + static_cast<std::int64_t>(g) * c_next;
+    float* out_es = next_es + static_cast<std::int64_t>(g) * c_next;
     const int i0 = static_cast<int>(blockIdx.x) * kH2OChunk, i1 = min(c, i0 + kH2OChunk);
     for (int i = i0 + tid; i < i1; i += blockDim.x)
-        if (i != drop) out[drop >= 0 && i > drop ? i - 1 : i] = list[i];
+        if (i != drop) {
+            const int o = drop >= 0 && i > drop ? i - 1 : i;
+            out[o] = list[i];
+            out_es[o] = es[i];
+        }
     if (blockIdx.x == 0 && tid == 0) {
         out[c_next - 1] = next_pos;
+        out_es[c_next - 1] = 0.0f;
         next_indptr[g + 1] = (g + 1) * c_next;
         if (g == 0) next_indptr[0] = 0;
         best_next[g] = ~0ull;
+        arrive_next[g] = 0u;  // the one-kernel step's barrier, should the next step take it
     }
 }
 
-// Appends `pos` to each of G lists of count c (kept at offset g * c of `in`) into `out` (count c + 1).
+// The whole step in one kernel, grid (chunks, G), one entry per thread: the accumulation of
+// h2o_accumulate_kernel, then (evicting) the blocks of group g meet at a barrier on arrive[g] -- each
+// block's candidate folded into best[g] before it arrives, so that past the barrier best[g] is the
+// group's choice -- and each block writes its own entries, still in registers, into the next list
+// without the dropped one: no second launch and no second read of the list. A barrier between the
+// blocks of a grid needs them all resident at once: the host launches this kernel only where the grid
+// fits the device's resident blocks (H2ODecode::advance), and since a dependent launch starts no block
+// before the decode kernel ahead of it has retired, every block reaches the barrier.
+struct H2OStepArgs {
+    const std::int32_t* cur = nullptr;
+    const float* cur_es = nullptr;
+    const float* probs = nullptr;
+    ProbArgs pa{};
+    float heads = 1.0f;
+    float* a = nullptr;
+    std::int64_t a_stride = 0;
+    int c = 0, older = 0, evict = 0, next_pos = 0, c_next = 0;
+    unsigned long long* best = nullptr;
+    unsigned long long* best_next = nullptr;
+    unsigned* arrive = nullptr;
+    unsigned* arrive_next = nullptr;
+    std::int32_t* next = nullptr;
+    float* next_es = nullptr;
+    std::int32_t* next_indptr = nullptr;
+    int* status = nullptr;
+};
+
+__device__ __forceinline__ unsigned h2o_load_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned long long h2o_load_relaxed(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+template <bool FromPlan>
+__global__ void __launch_bounds__(kH2OThreads, 5) h2o_step_kernel(const __grid_constant__ H2OStepArgs a) {
+    dependent_entry();
+    const int g = blockIdx.y, tid = threadIdx.x;
+    const int i = static_cast<int>(blockIdx.x) * kH2OChunk + tid;
+    const std::int64_t e = static_cast<std::int64_t>(g) * a.c + i;
+    const bool valid = i < a.c;
+    std::int32_t pos = 0;
+    float x = 0.0f;
+    unsigned long long mine = ~0ull;
+    if (valid) {
+        pos = a.cur[e];
+        const float pe = FromPlan ? decode_entry_prob(a.pa, e, g) : a.probs[e];
+        x = __fmaf_rn(pe, a.heads, a.cur_es[e]);  // the same operation as h2o_accumulate_kernel
+        a.a[static_cast<std::int64_t>(g) * a.a_stride + pos] = x;
+        if (!isfinite(x)) atomicOr(a.status, 1);
+        if (a.evict && i < a.older)
+            mine = static_cast<unsigned long long>(h2o_order_key(x)) << 32 | (0xffffffffu - static_cast<unsigned>(i));
+    }
+    int drop = -1;
+    if (a.evict) {
+        for (int o = 16; o > 0; o >>= 1) mine = min(mine, __shfl_xor_sync(0xffffffffu, mine, o));
+        __shared__ unsigned long long s_best[kH2OThreads / 32];
+        __shared__ int s_drop;
+        if ((tid & 31) == 0) s_best[tid >> 5] = mine;
+        __syncthreads();
+        if (tid == 0) {
+            for (int w = 1; w < kH2OThreads / 32; ++w) mine = min(mine, s_best[w]);
+            if (mine != ~0ull) atomicMin(a.best + g, mine);
+            __threadfence();  // the candidate is in best[g] before this block counts as arrived
+            atomicAdd(a.arrive + g, 1u);
+            while (h2o_load_acquire(a.arrive + g) < gridDim.x) {
+            }
+            s_drop = static_cast<int>(0xffffffffu - static_cast<unsigned>(h2o_load_relaxed(a.best + g) & 0xffffffffull));
+        }
+        __syncthreads();
+        drop = s_drop;
+    }
+    std::int32_t* out = a.next + static_cast<std::int64_t>(g) * a.c_next;
+    float* out_es = a.next_es + static_cast<std::int64_t>(g) * a.c_next;
+    if (valid && i != drop) {
+        const int o = drop >= 0 && i > drop ? i - 1 : i;
+        out[o] = pos;
+        out_es[o] = x;
+    }
+    if (blockIdx.x == 0 && tid == 0) {
+        out[a.c_next - 1] = a.next_pos;
+        out_es[a.c_next - 1] = 0.0f;
+        a.next_indptr[g + 1] = (g + 1) * a.c_next;
+        if (g == 0) a.next_indptr[0] = 0;
+        // The next step's choice and barrier (this step's were reset by the step before, or by reset()).
+        a.best_next[g] = ~0ull;
+        a.arrive_next[g] = 0u;
+    }
+}
+
+// Appends `pos` to each of G lists of count c (kept at offset g * c of `in`) into `out` (count c + 1),
+// and each entry's score (scores [G][n] by position; 0 for `pos`) into out_es.
 template <int Unused = 0>
-__global__ void h2o_append_kernel(const std::int32_t* in, int c, int G, int pos, std::int32_t* out, std::int32_t* indptr) {
+__global__ void h2o_append_kernel(const std::int32_t* in, int c, int G, int pos, const float* scores, std::int64_t n,
+                                  std::int32_t* out, float* out_es, std::int32_t* indptr) {
     const std::int64_t total = static_cast<std::int64_t>(G) * (c + 1);
     for (std::int64_t x = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; x < total;
          x += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
         const int g = static_cast<int>(x / (c + 1)), i = static_cast<int>(x % (c + 1));
-        out[x] = i < c ? in[static_cast<std::int64_t>(g) * c + i] : pos;
+        const std::int32_t p = i < c ? in[static_cast<std::int64_t>(g) * c + i] : pos;
+        out[x] = p;
+        out_es[x] = i < c ? scores[static_cast<std::int64_t>(g) * n + p] : 0.0f;
         if (i == 0) indptr[g + 1] = (g + 1) * (c + 1);
         if (x == 0) indptr[0] = 0;
     }
 }
 
 }  // namespace detail
+
+// How H2ODecode runs a step: automatic (one kernel where its grid, a block per 256 list entries, fits
+// the device's resident blocks -- 660 on an H100; two kernels beyond), or either way forced (one_kernel
+// is an error where the grid does not fit).
+enum class H2OStepPath { automatic, one_kernel, two_kernels };
 
 class H2ODecode {
 public:
@@ -173,9 +290,15 @@ public:
         recent_ = std::min(P.recent.resolve(n), n);
         evict_ = P.evict_during_decode;
         step_ = 0;
-        const std::size_t cap = static_cast<std::size_t>(G * (std::min(c, heavy_ + recent_) + max_steps + 2));
+        // A list holds at most max(c, heavy + recent) + 1 positions (one appended past the cut), which
+        // c + max_steps + 1 bounds (the lists grow by one a step until they are over heavy + recent).
+        const std::size_t cap = static_cast<std::size_t>(G * (c + max_steps + 2));
         for (auto& b : lists_)
             if (b.size() < cap) b = DeviceArray<std::int32_t>(cap);
+        for (auto& b : es_)
+            if (b.size() < cap) b = DeviceArray<float>(cap);
+        if (arrive_.size() < static_cast<std::size_t>(2 * G)) arrive_ = DeviceArray<unsigned>(static_cast<std::size_t>(2 * G));
+        resident_blocks_ = resident_step_blocks(fn);
         for (auto& b : indptr_dev_)
             if (b.size() < static_cast<std::size_t>(G + 1)) b = DeviceArray<std::int32_t>(static_cast<std::size_t>(G + 1));
         if (scores_.size() < static_cast<std::size_t>(G * W_)) scores_ = DeviceArray<float>(static_cast<std::size_t>(G * W_));
@@ -184,6 +307,8 @@ public:
         detail::check_cuda(cudaMemsetAsync(status_.data(), 0, sizeof(int), stream), fn, "cudaMemsetAsync");
         detail::check_cuda(cudaMemsetAsync(best_.data(), 0xff, static_cast<std::size_t>(2 * G) * sizeof(unsigned long long), stream),
                            fn, "cudaMemsetAsync");
+        detail::check_cuda(cudaMemsetAsync(arrive_.data(), 0, static_cast<std::size_t>(2 * G) * sizeof(unsigned), stream), fn,
+                           "cudaMemsetAsync");
         detail::check_cuda(cudaMemsetAsync(scores_.data(), 0, static_cast<std::size_t>(G * W_) * sizeof(float), stream), fn,
                            "cudaMemsetAsync");
         detail::check_cuda(cudaMemcpy2DAsync(scores_.data(), static_cast<std::size_t>(W_) * sizeof(float), kept.scores,
@@ -194,7 +319,8 @@ public:
         cur_ = 0;
         count_ = c + 1;
         detail::h2o_append_kernel<><<<grid_for(G * count_), 256, 0, stream>>>(kept.indices, static_cast<int>(c), static_cast<int>(G),
-                                                                             static_cast<int>(n), lists_[0].data(), indptr_dev_[0].data());
+                                                                             static_cast<int>(n), kept.scores, n, lists_[0].data(),
+                                                                             es_[0].data(), indptr_dev_[0].data());
         detail::check_launch(fn, "h2o_append_kernel");
         publish();
     }
@@ -207,6 +333,11 @@ public:
     std::int64_t score_stride() const { return W_; }
     std::int64_t step() const { return step_; }
     std::int64_t groups() const { return G_; }
+    // The kernels a step runs (H2OStepPath; automatic unless set), and the path the last observe() took
+    // (one_kernel or two_kernels; automatic before the first).
+    void set_step_path(H2OStepPath path) { path_ = path; }
+    H2OStepPath step_path() const { return path_; }
+    H2OStepPath last_step_path() const { return last_path_; }
 
     // The current step's attention (probs: batched_decode_attention's, plan.n_entries() = G x rows per
     // list, device) added to a_j; the older positions cut to `heavy` when a list is over heavy + recent
@@ -244,19 +375,54 @@ private:
         const std::int64_t c_next = count_ - (evict ? 1 : 0) + 1;
         const int nxt = 1 - cur_;
         const dim3 grid(static_cast<unsigned>((count_ + detail::kH2OChunk - 1) / detail::kH2OChunk), static_cast<unsigned>(G_));
-        unsigned long long* best = best_.data() + (step_ % 2) * G_;
-        unsigned long long* best_next = best_.data() + ((step_ + 1) % 2) * G_;
-        // Both as programmatic dependent launches (common.cuh): each launch overlaps the end of the kernel
-        // before it (the decode's probability kernel, then the accumulation); each waits for it first.
+        const std::int64_t slot = step_ % 2, slot_next = (step_ + 1) % 2;
+        unsigned long long* best = best_.data() + slot * G_;
+        unsigned long long* best_next = best_.data() + slot_next * G_;
+        const std::int64_t blocks = static_cast<std::int64_t>(grid.x) * grid.y;
+        const bool fits = blocks <= resident_blocks_;
+        ::vlsparse::detail::require(path_ != H2OStepPath::one_kernel || fits, fn, "the one-kernel step needs its ", blocks,
+                                    " blocks resident at once and the device holds ", resident_blocks_,
+                                    " (lists of ", count_, " positions in ", G_, " groups); use H2OStepPath::two_kernels or automatic");
+        const bool one = path_ == H2OStepPath::one_kernel || (path_ == H2OStepPath::automatic && fits);
         const detail::ProbArgs none{};
-        detail::launch_dependent(pa ? detail::h2o_accumulate_kernel<true> : detail::h2o_accumulate_kernel<false>, grid,
-                                 detail::kH2OThreads, 0, stream, fn, "h2o_accumulate_kernel", lists_[cur_].data(),
-                                 static_cast<int>(count_), probs, pa ? *pa : none, heads_, scores_.data(), W_,
-                                 static_cast<int>(count_ - recent_), evict ? 1 : 0, best, status_.data());
-        detail::launch_dependent(detail::h2o_compact_kernel<>, grid, detail::kH2OThreads, 0, stream, fn,
-                                 "h2o_compact_kernel", lists_[cur_].data(), static_cast<int>(count_), evict ? 1 : 0,
-                                 best, best_next, static_cast<int>(n_ + step_ + 1), lists_[nxt].data(),
-                                 indptr_dev_[nxt].data(), static_cast<int>(c_next));
+        if (one) {
+            detail::H2OStepArgs a;
+            a.cur = lists_[cur_].data();
+            a.cur_es = es_[cur_].data();
+            a.probs = probs;
+            a.pa = pa ? *pa : none;
+            a.heads = heads_;
+            a.a = scores_.data();
+            a.a_stride = W_;
+            a.c = static_cast<int>(count_);
+            a.older = static_cast<int>(count_ - recent_);
+            a.evict = evict ? 1 : 0;
+            a.next_pos = static_cast<int>(n_ + step_ + 1);
+            a.c_next = static_cast<int>(c_next);
+            a.best = best;
+            a.best_next = best_next;
+            a.arrive = arrive_.data() + slot * G_;
+            a.arrive_next = arrive_.data() + slot_next * G_;
+            a.next = lists_[nxt].data();
+            a.next_es = es_[nxt].data();
+            a.next_indptr = indptr_dev_[nxt].data();
+            a.status = status_.data();
+            // A programmatic dependent launch (common.cuh): it overlaps the end of the kernel before it.
+            detail::launch_dependent(pa ? detail::h2o_step_kernel<true> : detail::h2o_step_kernel<false>, grid, detail::kH2OThreads, 0,
+                                     stream, fn, "h2o_step_kernel", a);
+        } else {
+            // Both as programmatic dependent launches (common.cuh): each launch overlaps the end of the kernel
+            // before it (the decode's probability kernel, then the accumulation); each waits for it first.
+            detail::launch_dependent(pa ? detail::h2o_accumulate_kernel<true> : detail::h2o_accumulate_kernel<false>, grid,
+                                     detail::kH2OThreads, 0, stream, fn, "h2o_accumulate_kernel", lists_[cur_].data(),
+                                     es_[cur_].data(), static_cast<int>(count_), probs, pa ? *pa : none, heads_, scores_.data(),
+                                     W_, static_cast<int>(count_ - recent_), evict ? 1 : 0, best, status_.data());
+            detail::launch_dependent(detail::h2o_compact_kernel<>, grid, detail::kH2OThreads, 0, stream, fn, "h2o_compact_kernel",
+                                     lists_[cur_].data(), es_[cur_].data(), static_cast<int>(count_), evict ? 1 : 0, best,
+                                     best_next, arrive_.data() + slot_next * G_, static_cast<int>(n_ + step_ + 1),
+                                     lists_[nxt].data(), es_[nxt].data(), indptr_dev_[nxt].data(), static_cast<int>(c_next));
+        }
+        last_path_ = one ? H2OStepPath::one_kernel : H2OStepPath::two_kernels;
         cur_ = nxt;
         count_ = c_next;
         ++step_;
@@ -269,6 +435,18 @@ private:
         }
     }
 
+    // Blocks of h2o_step_kernel the current device holds resident at once (the smaller of its two
+    // instances' occupancy x the multiprocessors).
+    static std::int64_t resident_step_blocks(const char* fn) {
+        int dev = 0, sms = 0, per_sm_a = 0, per_sm_b = 0;
+        detail::check_cuda(cudaGetDevice(&dev), fn, "cudaGetDevice");
+        detail::check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), fn, "cudaDeviceGetAttribute");
+        detail::check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_a, detail::h2o_step_kernel<true>, detail::kH2OThreads, 0),
+                           fn, "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+        detail::check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_b, detail::h2o_step_kernel<false>, detail::kH2OThreads, 0),
+                           fn, "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+        return static_cast<std::int64_t>(sms) * std::min(per_sm_a, per_sm_b);
+    }
     static unsigned grid_for(std::int64_t total) {
         return static_cast<unsigned>(std::clamp<std::int64_t>((total + 255) / 256, 1, 4096));
     }
@@ -281,11 +459,14 @@ private:
         view_.indptr_dev = indptr_dev_[cur_].data();
     }
 
-    std::int64_t G_ = 0, n_ = 0, W_ = 0, heavy_ = 0, recent_ = 0, step_ = 0, count_ = 0;
+    std::int64_t G_ = 0, n_ = 0, W_ = 0, heavy_ = 0, recent_ = 0, step_ = 0, count_ = 0, resident_blocks_ = 0;
+    H2OStepPath path_ = H2OStepPath::automatic, last_path_ = H2OStepPath::automatic;
     float heads_ = 1.0f;
     bool evict_ = true;
     int cur_ = 0;
     DeviceArray<std::int32_t> lists_[2], indptr_dev_[2];
+    DeviceArray<float> es_[2];          // each list entry's a_j, aligned with lists_ (read without the position)
+    DeviceArray<unsigned> arrive_;      // [2][G]: the one-kernel step's barrier counts (steps alternate)
     DeviceArray<float> scores_;
     DeviceArray<int> status_;
     DeviceArray<unsigned long long> best_;  // [2][G]: each step's eviction choice (steps alternate)

@@ -682,6 +682,10 @@ struct ProbArgs {
 // and stats: summed over the sequence's new tokens, averaged over the query heads that read the list.
 // One function for decode_probs_kernel and the consumers of deferred probabilities
 // (DecodeOptions::defer_probs, H2ODecode::observe(plan)), so that both compute the same bits.
+//
+// The entry's scores are contiguous (k = gi * nqv + qv, in that order): they and their queries' (max,
+// sum) are loaded eight at a time before any is used, so that the round trips overlap (one at a time
+// they made a chain of up to 2 x ng x nqv waits), and summed in order k, skipping masked ones.
 __device__ __forceinline__ float decode_entry_prob(const ProbArgs& a, std::int64_t e, int l) {
     const int b = l / a.lists_per_seq;
     const int q0 = a.q_indptr ? a.q_indptr[b] : b;
@@ -689,15 +693,29 @@ __device__ __forceinline__ float decode_entry_prob(const ProbArgs& a, std::int64
     const int nqv = a.group * q_len;
     const int g0 = a.lists_per_seq == 1 ? 0 : l % a.lists_per_seq;
     const int ng = a.lists_per_seq == 1 ? a.n_kv_heads : 1;
+    const int total = ng * nqv;
+    const float* x_e = a.logits + e * a.logit_stride;
     float p = 0.0f;
-    for (int gi = 0; gi < ng; ++gi)
-        for (int qv = 0; qv < nqv; ++qv) {
-            const float x = a.logits[e * a.logit_stride + gi * nqv + qv];
-            if (x == -INFINITY) continue;
-            const int i = qv / a.group, h = (g0 + gi) * a.group + qv % a.group;
-            const std::int64_t qi = static_cast<std::int64_t>(q0 + i) * a.n_heads + h;
-            p += exp2f(x - a.stats[2 * qi]) / a.stats[2 * qi + 1];
+    const float2* stats = reinterpret_cast<const float2*>(a.stats);  // (max, sum) per query and head
+    for (int k0 = 0; k0 < total; k0 += 8) {
+        float x[8];
+        float2 ms[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int k = k0 + j;
+            x[j] = -INFINITY;
+            ms[j] = make_float2(0.0f, 1.0f);
+            if (k < total) {
+                const int gi = k / nqv, qv = k - gi * nqv;
+                const int i = qv / a.group, h = (g0 + gi) * a.group + qv % a.group;
+                x[j] = x_e[k];
+                ms[j] = stats[static_cast<std::int64_t>(q0 + i) * a.n_heads + h];
+            }
         }
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+            if (x[j] != -INFINITY) p += exp2f(x[j] - ms[j].x) / ms[j].y;  // masked (or past the entry's scores): skipped
+    }
     return p / static_cast<float>(ng * a.group);
 }
 
