@@ -251,19 +251,20 @@ public:
         // of loops and a 1 MB upload before the first launch.
         bool per_head = false;
         int wg_pad = 0;
+        // The position of chunk c's last row in either layout (its padding rows first), -1 for a chunk of
+        // padding only: the host's form of probe_wg_row (probe_scores.cuh), for the pair counts below and
+        // each key block's first chunk.
+        auto wg_chunk_last = [&](bool head_layout, std::int64_t pad, std::int64_t c) -> std::int64_t {
+            const std::int64_t r = c * kProbeWgRows + kProbeWgRows - 1 - pad;
+            return r < 0 ? -1 : probes[static_cast<std::size_t>(head_layout ? r : r / qpk)];
+        };
         if (wg) {
             auto blocks_seen = [&](std::int64_t last) { return last < 0 ? 0 : std::min(last / kProbeColTile + 1, ncb); };
             const std::int64_t pad_head = rows / qpk - np;  // per head: padding rows first
-            std::int64_t pairs_head = 0, pairs_merged = 0;
-            for (std::int64_t c = 0; c < rows / qpk / kProbeWgRows; ++c) {
-                const std::int64_t last = c * kProbeWgRows + kProbeWgRows - 1 - pad_head;
-                pairs_head += last < 0 ? 0 : qpk * blocks_seen(probes[static_cast<std::size_t>(last)]);
-            }
             const std::int64_t pad_merged = rows - qpk * np;
-            for (std::int64_t c = 0; c < rows / kProbeWgRows; ++c) {
-                const std::int64_t last = c * kProbeWgRows + kProbeWgRows - 1 - pad_merged;
-                pairs_merged += last < 0 ? 0 : blocks_seen(probes[static_cast<std::size_t>(last / qpk)]);
-            }
+            std::int64_t pairs_head = 0, pairs_merged = 0;
+            for (std::int64_t c = 0; c < rows / qpk / kProbeWgRows; ++c) pairs_head += qpk * blocks_seen(wg_chunk_last(true, pad_head, c));
+            for (std::int64_t c = 0; c < rows / kProbeWgRows; ++c) pairs_merged += blocks_seen(wg_chunk_last(false, pad_merged, c));
             const int force = probe_path_override().load();
             per_head = force == 3 || (force != 2 && 10 * pairs_merged > 9 * pairs_head);
             wg_pad = static_cast<int>(per_head ? pad_head : pad_merged);
@@ -292,27 +293,22 @@ public:
         auto* col_d = reinterpret_cast<float*>(at + b_q + b_part + b_lse);
 
         char* h = staging_.get(up, fn);
-        if (!wg) {
-            auto* pos_h = reinterpret_cast<std::int32_t*>(h);
-            auto* cmax_h = reinterpret_cast<std::int32_t*>(h + b_pos);
-            for (std::int64_t i = 0; i < npc * 16; ++i) pos_h[i] = i < np ? static_cast<std::int32_t>(probes[static_cast<std::size_t>(i)]) : -1;
-            for (std::int64_t c = 0; c < npc; ++c)
-                cmax_h[c] = static_cast<std::int32_t>(probes[static_cast<std::size_t>(std::min(np - 1, 16 * c + 15))]);
-        }
         if (wg) {
             // Key block kb's first active chunk: the first of a segment whose last row's position is at
             // or after 128 kb (positions ascend in a segment, so one merge over blocks and chunks).
             auto* first_h = reinterpret_cast<std::int32_t*>(h + b_pos + b_cmax);
             const std::int64_t cps = per_head ? rows / qpk / kProbeWgRows : rows / kProbeWgRows;
-            auto last_pos = [&](std::int64_t c) -> std::int64_t {
-                const std::int64_t r = c * kProbeWgRows + kProbeWgRows - 1 - wg_pad;
-                return r < 0 ? -1 : probes[static_cast<std::size_t>(per_head ? r : r / qpk)];
-            };
             std::int64_t c = 0;
             for (std::int64_t kb = 0; kb < ncb; ++kb) {
-                while (c < cps && last_pos(c) < kb * kProbeColTile) ++c;
+                while (c < cps && wg_chunk_last(per_head, wg_pad, c) < kb * kProbeColTile) ++c;
                 first_h[kb] = static_cast<std::int32_t>(c);
             }
+        } else {
+            auto* pos_h = reinterpret_cast<std::int32_t*>(h);
+            auto* cmax_h = reinterpret_cast<std::int32_t*>(h + b_pos);
+            for (std::int64_t i = 0; i < npc * 16; ++i) pos_h[i] = i < np ? static_cast<std::int32_t>(probes[static_cast<std::size_t>(i)]) : -1;
+            for (std::int64_t c = 0; c < npc; ++c)
+                cmax_h[c] = static_cast<std::int32_t>(probes[static_cast<std::size_t>(std::min(np - 1, 16 * c + 15))]);
         }
         auto* probes_h = reinterpret_cast<std::int32_t*>(h + b_pos + b_cmax + b_first);
         for (std::int64_t i = 0; i < np; ++i) probes_h[i] = static_cast<std::int32_t>(probes[static_cast<std::size_t>(i)]);

@@ -698,10 +698,10 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
     named_barrier_sync<1, NC>();  // the key tile, for every consumer and the tensor cores
 
     auto wait_full = [&](int t) { mbar_wait(full_bar + t % ST, static_cast<unsigned>((t / ST) & 1)); };
-    // Descriptors of the ring's and the key tile's first bytes: a chunk's are these plus the offset / 16
-    // (the address field's low bits; shared-memory addresses stay below 2^18, so no carry leaves it).
-    const std::uint64_t rdesc = wgmma_desc(raddr, 16, 1024), kdesc = wgmma_desc(kaddr, 16, 1024);
-    (void)kdesc;
+    // The descriptor of the ring's first bytes: a chunk's is this plus the offset / 16 (the address
+    // field's low bits; shared-memory addresses stay below 2^18, so no carry leaves it). Pass 1 builds the
+    // key tile's the same way.
+    const std::uint64_t rdesc = wgmma_desc(raddr, 16, 1024);
     const int kfirst = col0 + 64 * wg;  // this warpgroup's first key
     if constexpr (!Pass1) {
         // This warpgroup's 64 keys as wgmma A fragments for the whole block (each warp 16 rows: the
@@ -789,6 +789,7 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
         // rows, A, K-major; the key tile, B). A row's (max, sum) over the block's keys is then one
         // warpgroup's, written without waiting for the other.
         // s[4 j + e]: row 16 wi + gq (+ 8 for e >= 2), key col0 + 8 j + 2 tq + (e & 1).
+        const std::uint64_t kdesc = wgmma_desc(kaddr, 16, 1024);
         ProbeChunkCursor at = at0;
         if (wg == 1 && per_seg > 0) at.advance(R, per_seg);  // (per_seg 0: nothing to walk, and advance would not end)
         for (int t = wg; t < n_mine; t += 2) {
