@@ -159,6 +159,16 @@ int main(int argc, char** argv) {
             AvlParams P;  // rate 0.5, compute_rate 0.7: kept and core sets (two list builds)
             const double med = timer.median_us([&] { avl.select(qv, kv, layout, P); }, warmup, reps);
             row("avl_select", med, avl.select(qv, kv, layout, P).kept.kept_ratio(), "rate 0.5 compute_rate 0.7 kept + core sets");
+            if (n <= 32768 && n > 1024) {
+                // The text budget (H2O for the text tokens: every row scored, as H2O's own selection) on a
+                // layout with 512 text tokens around the image.
+                AvlParams PT = P;
+                PT.text_rate = 0.5;
+                const Layout lt = Layout::parse("text:256,image:" + std::to_string(n - 512) + ",text:256");
+                const double medt = timer.median_us([&] { avl.select(qv, kv, lt, PT); }, warmup, reps);
+                row("avl_select_text", medt, avl.select(qv, kv, lt, PT).kept.kept_ratio(),
+                    "rate 0.5 compute_rate 0.7, text budget 0.5 per KV head (text:256,image,text:256)");
+            }
         }
         if (want("decode")) {
             // Decode-time work (target: <= 10% of one dense decode step of the layer): A-VL's rows of a

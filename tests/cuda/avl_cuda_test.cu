@@ -6,8 +6,10 @@
 // What must match: the head-mean scores the reference's to a relative error of 1e-4 (fp32 on the GPU,
 // double in the reference); the kept, core and prefill-filter lists exactly what avl_select /
 // avl_prefill_filter (the CPU paths' code) keep on the GPU's own scores, ties included; the golden/avl
-// cases without a text budget: scores and kept masks, and the core set the CPU rule gives on the golden
-// scores (the golden files are built with no near tie at a cut).
+// cases: scores and kept masks (one per KV head with the text budget), and the core set the CPU rule
+// gives on the golden scores (the golden files are built with no near tie at a cut). The text budget:
+// H2O's scores against the reference's, the kept lists exactly what avl_text_h2o + avl_select keep on
+// the GPU's own scores.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime.h>
@@ -17,6 +19,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <vlsparse/core/rng.hpp>
@@ -95,6 +98,55 @@ void random_case(const std::string& spec, std::int64_t H, std::int64_t Hkv, std:
             REQUIRE(f.indices.at(0) == avl_prefill_filter(got, layout, P, present));
         }
     }
+    // The text budget (H2O for text): the GPU's H2O scores against the reference's, and the kept lists
+    // (one per KV head) and core set exactly what avl_text_h2o + avl_select keep on the GPU's own scores.
+    // The reference scores every row in double: small layouts only.
+    if (n > 2000) return;
+    for (auto groups : {AvlTextGroups::per_kv_head, AvlTextGroups::per_query_head}) {
+        const auto ref_acc = reference::avl_h2o_scores(qh, kh, groups);
+        const std::int64_t TG = static_cast<std::int64_t>(ref_acc.size());
+        for (const auto& [trate, tmin, theavy] : std::vector<std::tuple<double, std::int64_t, double>>{
+                 {0.5, 3, 0.7}, {0.8, 0, 0.5}, {0.3, 1000, 0.7}, {0.6, 2, 1.0}, {0.6, 2, 0.0}}) {
+            AvlParams P;
+            P.rate = 0.5;
+            P.compute_rate = 0.7;
+            P.text_rate = trate;
+            P.text_min_budget = tmin;
+            P.text_heavy_fraction = theavy;
+            P.text_groups = groups;
+            INFO("text budget " << trate << " min " << tmin << " heavy fraction " << theavy << " groups " << to_string(groups));
+            sel.fill_workspace(0xff);
+            const cuda::DeviceAvlSelection& s = sel.select(qv, kv, layout, P, present);
+            REQUIRE(s.text_groups == TG);
+            REQUIRE(s.text_scores != nullptr);
+            std::vector<float> ts(static_cast<std::size_t>(TG * n));
+            REQUIRE(cudaMemcpy(ts.data(), s.text_scores, ts.size() * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+            std::vector<std::vector<double>> acc(static_cast<std::size_t>(TG), std::vector<double>(static_cast<std::size_t>(n), 0.0));
+            for (std::int64_t a = 0; a < TG; ++a) {
+                double amx = 0.0;
+                for (double x : ref_acc[static_cast<std::size_t>(a)]) amx = std::max(amx, x);
+                for (std::int64_t i = 0; i < m; ++i) {
+                    const std::int64_t p = filtered ? present[static_cast<std::size_t>(i)] : i;
+                    const double want = ref_acc[static_cast<std::size_t>(a)][static_cast<std::size_t>(i)];
+                    const double g = ts[static_cast<std::size_t>(a * n + p)];
+                    INFO("H2O score of group " << a << " position " << p << ": " << g << ", reference " << want);
+                    REQUIRE(std::abs(g - want) <= kTol * (std::abs(want) + 1e-3 * amx));
+                }
+                for (std::int64_t j = 0; j < n; ++j) acc[static_cast<std::size_t>(a)][static_cast<std::size_t>(j)] = ts[static_cast<std::size_t>(a * n + j)];
+            }
+            const TokenSelection kept = s.kept.to_host();
+            const std::int64_t group = groups == AvlTextGroups::per_query_head ? H / Hkv : 1;
+            const auto text = avl_text_h2o(acc, layout, P, group, present);
+            const AvlSelection want = avl_select(kept.scores.at(0), layout, P, present, text);
+            REQUIRE(kept.indices.size() == static_cast<std::size_t>(Hkv));
+            for (std::int64_t g = 0; g < Hkv; ++g) {
+                INFO("KV head " << g);
+                REQUIRE(kept.indices[static_cast<std::size_t>(g)] == want.kept.indices[static_cast<std::size_t>(g)]);
+            }
+            REQUIRE(s.core.to_host().indices.at(0) == want.core);
+            REQUIRE(s.core_budget == want.core_budget);
+        }
+    }
 }
 
 }  // namespace
@@ -115,18 +167,17 @@ TEST_CASE("cuda avl: kept, core and prefill-filter sets against the CPU rules an
     random_case<bfloat16>(many, 4, 2, 64, true, false, ++seed, sel);
 }
 
-TEST_CASE("cuda avl: the golden/avl cases without a text budget (scores, kept and core masks)", "[cuda][avl][golden]") {
+TEST_CASE("cuda avl: the golden/avl cases (scores, kept and core masks)", "[cuda][avl][golden]") {
     namespace fs = std::filesystem;
     const char* env = std::getenv("VLSPARSE_GOLDEN_DIR");
     const fs::path root = fs::path(env ? env : "golden") / "avl";
     REQUIRE(fs::is_directory(root));
     cuda::AvlSelector sel;
-    int checked = 0;
+    int checked = 0, with_text = 0;
     for (const auto& e : fs::directory_iterator(root)) {
         if (!e.is_directory()) continue;
         GoldenManifest m;
         const auto c = golden::read_avl_inputs(e.path(), &m);
-        if (c.params.text_rate != 0.0) continue;  // the text budget is not on the GPU
         INFO("case " << e.path().filename().string());
         auto run = [&](auto tag) {
             using T = decltype(tag);
@@ -143,12 +194,18 @@ TEST_CASE("cuda avl: the golden/avl cases without a text budget (scores, kept an
             for (std::int64_t j = 0; j < c.n; ++j)
                 REQUIRE(std::abs(kept.scores[0][static_cast<std::size_t>(j)] - want[static_cast<std::size_t>(j)]) <=
                         kTol * (std::abs(want[static_cast<std::size_t>(j)]) + 1e-3 * mx));
+            // kept_mask [G][n]: one row per kept list (per KV head with the text budget).
             const auto kept_mask = out("kept_mask").template to_vector<std::uint8_t>();
-            std::vector<std::uint8_t> mk(static_cast<std::size_t>(c.n), 0), mc(static_cast<std::size_t>(c.n), 0);
-            for (auto p : kept.indices[0]) mk[static_cast<std::size_t>(p)] = 1;
+            const std::size_t G = kept.indices.size();
+            REQUIRE(G == (c.params.text_rate > 0.0 ? static_cast<std::size_t>(c.Hkv) : 1u));
+            REQUIRE(kept_mask.size() == G * static_cast<std::size_t>(c.n));
+            std::vector<std::uint8_t> mk(G * static_cast<std::size_t>(c.n), 0), mc(static_cast<std::size_t>(c.n), 0);
+            for (std::size_t g = 0; g < G; ++g)
+                for (auto p : kept.indices[g]) mk[g * static_cast<std::size_t>(c.n) + static_cast<std::size_t>(p)] = 1;
             const TokenSelection core = s.core.to_host();  // (a named copy: a range-for over
             for (auto p : core.indices[0]) mc[static_cast<std::size_t>(p)] = 1;  // to_host().indices[0] dangles)
-            REQUIRE(std::vector<std::uint8_t>(kept_mask.begin(), kept_mask.begin() + c.n) == mk);
+            REQUIRE(kept_mask == mk);
+            if (c.params.text_rate > 0.0) ++with_text;
             // The golden core_mask is the set in force after each decode step (refreshed at step 0): the
             // prefill's core set is checked by the CPU rule on the golden scores instead.
             std::vector<std::uint8_t> wc(static_cast<std::size_t>(c.n), 0);
@@ -160,7 +217,8 @@ TEST_CASE("cuda avl: the golden/avl cases without a text budget (scores, kept an
         else if (c.dtype == "fp16") run(vlsparse::half{});
         else run(bfloat16{});
     }
-    REQUIRE(checked >= 2);
+    REQUIRE(checked >= 3);
+    REQUIRE(with_text >= 1);
 }
 
 TEST_CASE("cuda avl: errors", "[cuda][avl]") {
@@ -171,8 +229,25 @@ TEST_CASE("cuda avl: errors", "[cuda][avl]") {
     cuda::DeviceArray<bfloat16> qd(q), kd(k);
     const View3<const bfloat16> qv(qd.data(), {n, H, d}), kv(kd.data(), {n, Hkv, d});
     AvlParams P;
+    // The text budget: NaN in a row of q other than the last is an error too (every row is scored), and
+    // the device decode schedule takes such a selection (one kept list per KV head).
     P.text_rate = 0.5;
-    REQUIRE_THROWS_WITH(sel.select(qv, kv, layout, P), Contains("not on the GPU yet"));
+    {
+        std::vector<bfloat16> qn(q);
+        qn[static_cast<std::size_t>(5 * H * d + 3)] = bfloat16(std::nanf(""));
+        cuda::DeviceArray<bfloat16> qnd(qn);
+        REQUIRE_THROWS_WITH(sel.select(View3<const bfloat16>(qnd.data(), {n, H, d}), kv, layout, P),
+                            Contains("every row of q"));
+        P.text_rate = 0.0;
+        REQUIRE_NOTHROW(sel.select(View3<const bfloat16>(qnd.data(), {n, H, d}), kv, layout, P));  // row 5 unread
+        P.text_rate = 0.5;
+        const auto& st = sel.select(qv, kv, layout, P);
+        REQUIRE(st.kept.lists() == Hkv);
+        cuda::AvlDecodeSchedule sch;
+        REQUIRE_NOTHROW(sch.reset(st, P));  // the schedule takes the per-KV-head lists (check_schedule below)
+        sch.begin_step(0);
+        REQUIRE(sch.positions(0, n + 1).lists() == Hkv);
+    }
     P.text_rate = 0.0;
     P.rate = 0.8;  // above compute_rate 0.7
     REQUIRE_THROWS_WITH(sel.select(qv, kv, layout, P), Contains("compute_rate"));
@@ -199,6 +274,8 @@ struct ScheduleVariant {
     std::int64_t K;
     bool async, check;
     AvlSpans spans;
+    double text_rate = 0.0;  // > 0: the text budget (one kept list per KV head)
+    AvlTextGroups text_groups = AvlTextGroups::per_kv_head;
 };
 
 static void check_schedule(cuda::AvlSelector& sel, cuda::AvlDecodeSchedule& sch, const Layout& layout, std::int64_t H,
@@ -218,12 +295,28 @@ static void check_schedule(cuda::AvlSelector& sel, cuda::AvlDecodeSchedule& sch,
         P.refresh_every = v.K;
         P.async_refresh = v.async;
         P.spans = v.spans;
+        P.text_rate = v.text_rate;
+        P.text_groups = v.text_groups;
+        P.text_min_budget = 2;
         INFO("rate " << v.rate << " compute_rate " << v.compute << " K " << v.K << " async " << v.async << " check "
-                     << v.check << " spans " << to_string(v.spans));
+                     << v.check << " spans " << to_string(v.spans) << " text budget " << v.text_rate << " "
+                     << to_string(v.text_groups));
         const cuda::DeviceAvlSelection& s = sel.select(qv, kv, layout, P);
         const TokenSelection kept = s.kept.to_host();
-        const AvlSelection want = avl_select(kept.scores.at(0), layout, P);
-        REQUIRE(kept.indices.at(0) == want.kept.indices.at(0));
+        // With the text budget, the CPU's text lists from the GPU's own H2O scores (the selection test
+        // checks those against the reference).
+        std::vector<std::vector<std::int64_t>> text;
+        if (v.text_rate > 0.0) {
+            const std::int64_t TG = s.text_groups;
+            std::vector<float> ts(static_cast<std::size_t>(TG * n));
+            REQUIRE(cudaMemcpy(ts.data(), s.text_scores, ts.size() * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+            std::vector<std::vector<double>> acc(static_cast<std::size_t>(TG));
+            for (std::int64_t a = 0; a < TG; ++a) acc[static_cast<std::size_t>(a)].assign(ts.begin() + a * n, ts.begin() + (a + 1) * n);
+            text = avl_text_h2o(acc, layout, P, v.text_groups == AvlTextGroups::per_query_head ? H / Hkv : 1);
+        }
+        const AvlSelection want = avl_select(kept.scores.at(0), layout, P, {}, text);
+        REQUIRE(kept.indices == want.kept.indices);
+        REQUIRE(kept.indices.size() == (v.text_rate > 0.0 ? static_cast<std::size_t>(Hkv) : 1u));
         DecodeSchedule cpu(want, P);
         sch.reset(s, P);
         // With async_refresh the re-rank runs on a second (non-blocking) stream, as an engine would run it
@@ -242,14 +335,17 @@ static void check_schedule(cuda::AvlSelector& sel, cuda::AvlDecodeSchedule& sch,
             if (t == join_at) REQUIRE(cudaStreamWaitEvent(nullptr, ranked, 0) == cudaSuccess);
             cpu.begin_step(t);
             sch.begin_step(t);
-            const std::vector<std::int64_t> cl = cpu.positions(t, seq).indices.at(0);
+            const TokenSelection cpos = cpu.positions(t, seq);
             const TokenSelection gl = sch.positions(t, seq).to_host();
             REQUIRE(gl.n == seq);
-            REQUIRE(gl.indices.at(0) == cl);
+            REQUIRE(gl.indices == cpos.indices);
             if (!cpu.splits() || !cpu.is_refresh(t)) continue;
             REQUIRE(sch.is_refresh(t));
-            // Probabilities of the listed rows, a few levels only (ties at the cuts).
-            std::vector<float> probs(cl.size());
+            // Probabilities of the listed rows (every list's, concatenated), a few levels only (ties at
+            // the cuts; sums of a few of them are exact in fp32 and in double).
+            std::size_t entries = 0;
+            for (const auto& l : cpos.indices) entries += l.size();
+            std::vector<float> probs(entries);
             for (auto& x : probs) x = static_cast<float>(std::floor(rng.uniform() * levels)) / 64.0f;
             cuda::DeviceArray<float> pd(probs);
             if (v.async) {
@@ -260,9 +356,18 @@ static void check_schedule(cuda::AvlSelector& sel, cuda::AvlDecodeSchedule& sch,
             } else {
                 sch.refresh(t, pd.data(), nullptr, v.check);
             }
+            // The CPU's score of a kept image row: its probability summed over the lists (each list's
+            // probability is the mean over its KV head's query heads, so this is the head sum / group).
             cpu.refresh(t, [&](std::int64_t p) {
-                const auto it = std::lower_bound(cl.begin(), cl.end(), p);
-                return static_cast<double>(probs[static_cast<std::size_t>(it - cl.begin())]);
+                double sum = 0.0;
+                std::size_t off = 0;
+                for (const auto& l : cpos.indices) {
+                    const auto it = std::lower_bound(l.begin(), l.end(), p);
+                    REQUIRE((it != l.end() && *it == p));
+                    sum += static_cast<double>(probs[off + static_cast<std::size_t>(it - l.begin())]);
+                    off += l.size();
+                }
+                return sum;
             });
             if (v.async) kept_alive.push_back(std::move(pd));  // (read by the second stream after this step)
         }
@@ -286,6 +391,16 @@ TEST_CASE("cuda avl: the decode schedule (rows per step, refresh re-rank) agains
                                                 {0.6, 0.8, 4, true, false, AvlSpans::single_span},
                                                 {0.5, 0.7, 0, false, true, AvlSpans::per_image}};
     check_schedule(sel, sch, layout, H, Hkv, d, variants, 6, seed);
+    // The text budget: one kept list per KV head (their image rows shared, their text rows their own),
+    // per KV head and per query head, synchronous and asynchronous, per-image and single-span.
+    const std::vector<ScheduleVariant> text_variants{
+        {0.5, 0.7, 3, false, true, AvlSpans::per_image, 0.5, AvlTextGroups::per_kv_head},
+        {0.5, 0.7, 3, true, false, AvlSpans::per_image, 0.6, AvlTextGroups::per_query_head},
+        {0.3, 0.9, 2, false, true, AvlSpans::single_span, 0.5, AvlTextGroups::per_kv_head},
+        {0.5, 0.7, 0, false, true, AvlSpans::per_image, 0.7, AvlTextGroups::per_query_head}};
+    check_schedule(sel, sch, layout, H, Hkv, d, text_variants, 6, seed + 10);
+    check_schedule(sel, sch, Layout::parse("text:200,image:3000,text:150,image:2000,text:100"), 8, 4, 64, text_variants, 6,
+                   seed + 11);
     // Spans of thousands of kept rows (ranked by a team of blocks), and more spans than the kernel takes in
     // its parameters (40 images: the spans read from device memory); many and few probability levels.
     const std::vector<ScheduleVariant> big{{0.5, 0.7, 3, false, true, AvlSpans::per_image},
@@ -295,6 +410,7 @@ TEST_CASE("cuda avl: the decode schedule (rows per step, refresh re-rank) agains
     std::string many = "text:3";
     for (int i = 0; i < 40; ++i) many += ",image:" + std::to_string(30 + 7 * (i % 5)) + ",text:2";
     check_schedule(sel, sch, Layout::parse(many), 4, 2, 64, big, 6, seed + 3);
+    check_schedule(sel, sch, Layout::parse(many), 4, 2, 64, text_variants, 6, seed + 4);
     // Errors (and a checked refresh after a failed one).
     SplitMix64 rng(seed);
     const auto q = random_values<bfloat16>(static_cast<std::size_t>(n * H * d), 2.0, rng);

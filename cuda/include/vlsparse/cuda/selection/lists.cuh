@@ -129,6 +129,25 @@ __global__ void init_keep_kernel(std::uint8_t* keep, int G, int n, int f_lo, int
     }
 }
 
+// Per position j (grid-stride over n): keep[g][j] = (broadcast ? keep[0][j] : keep[g][j]) | the OR of
+// src[a][j] over the `div` source groups a of g (a / div == g); *status |= *src_status. Each thread
+// owns a column, so reading group 0 before writing every group is race-free.
+template <int Unused = 0>
+__global__ void keep_absorb_kernel(std::uint8_t* keep, int G, int n, int broadcast, const std::uint8_t* src, int div,
+                                   const int* src_status, int* status) {
+    dependent_entry();  // programmatic dependent launch: see common.cuh
+    if (blockIdx.x == 0 && threadIdx.x == 0 && src_status && *src_status) atomicOr(status, *src_status);
+    for (int j = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); j < n; j += static_cast<int>(gridDim.x * blockDim.x)) {
+        const std::uint8_t b0 = keep[j];
+        for (int g = 0; g < G; ++g) {
+            std::uint8_t v = broadcast ? b0 : keep[static_cast<std::int64_t>(g) * n + j];
+            if (src)
+                for (int a = g * div; a < (g + 1) * div; ++a) v |= src[static_cast<std::int64_t>(a) * n + j];
+            keep[static_cast<std::int64_t>(g) * n + j] = v ? 1 : 0;
+        }
+    }
+}
+
 // One task per team (grid: tasks x team size; the team a cluster or one block, see select.cuh): marks
 // the top k of the task's eligible scores (ties: lower position first). Each block of the team reads
 // and marks its slice of the task's positions.
@@ -348,6 +367,17 @@ public:
         launch_select_kernel(k, static_cast<int>(tasks_.size()), L, stream, a, fn, "mark_topk_kernel");
         tasks_.clear();
         other_ = nullptr;
+    }
+
+    // Group 0's keep mask copied to every group (broadcast), then the positions another builder `src` (same
+    // n, G x div groups) kept added: group g of this builder gains src's groups g div .. g div + div - 1.
+    // src's status (scores it found not finite or negative) joins this builder's. Before compact().
+    void absorb(bool broadcast, const ListBuilder* src, std::int64_t div, cudaStream_t stream, const char* fn) {
+        require(src == nullptr || (src != this && src->n_ == n_ && div >= 1 && src->G_ == G_ * div), fn,
+                "absorb: another builder over the same n with ", div, " groups per group of this one");
+        launch_dependent(keep_absorb_kernel<>, grid_for(n_), 256, 0, stream, fn, "keep_absorb_kernel", keep_,
+                         static_cast<int>(G_), static_cast<int>(n_), broadcast ? 1 : 0, src ? src->keep_ : nullptr,
+                         static_cast<int>(div), src ? src->status_ : nullptr, status_);
     }
 
     // The keep masks compacted into CSR lists; one synchronization (list bounds and status to the host;
