@@ -542,10 +542,18 @@ std::vector<std::vector<double>> CudaScoring::h2o_scores(const PrefillLayer& in,
 std::vector<std::vector<double>> CudaScoring::avl_h2o_scores(const PrefillLayer& in, AvlTextGroups groups,
                                                              const AttentionOptions& opt) {
     b_->check_rows(in, "cuda scoring: avl_h2o_scores");
-    require(groups == AvlTextGroups::per_kv_head, "cuda scoring: avl_h2o_scores",
-            "A-VL's text budget with text_groups = per_query_head is not on the CUDA backend (per_kv_head is); "
-            "run this policy on the cpu backend");
-    return b_->scorer.h2o_scores(b_->qv(), b_->kv(), BaselineGroups::kv_head, opt);
+    if (groups == AvlTextGroups::per_kv_head) return b_->scorer.h2o_scores(b_->qv(), b_->kv(), BaselineGroups::kv_head, opt);
+    // Per query head: H2O's sums of one head at a time (its q rows, its KV head's k rows), one group each.
+    const View3<const bfloat16> q = b_->qv(), k = b_->kv();
+    const std::int64_t m = q.shape[0], H = q.shape[1], d = q.shape[2], qpk = H / k.shape[1];
+    std::vector<std::vector<double>> out;
+    out.reserve(static_cast<std::size_t>(H));
+    for (std::int64_t h = 0; h < H; ++h) {
+        const View3<const bfloat16> qh(q.row(0, h), {m, 1, d}, q.stride), kh(k.row(0, h / qpk), {m, 1, d}, k.stride);
+        auto s = b_->scorer.h2o_scores(qh, kh, BaselineGroups::kv_head, opt);
+        out.push_back(std::move(s.at(0)));
+    }
+    return out;
 }
 
 TokenSelection CudaScoring::snapkv_select(const PrefillLayer& in, const SnapKVParams& P) {

@@ -158,18 +158,32 @@ TEST_CASE("sim backends: residual mode agrees on cpu (bf16-rounded inputs) and c
     }
 }
 
+TEST_CASE("sim backends: A-VL's text budget, per KV head and per query head, agrees on cpu and cuda", "[cuda][sim]") {
+    for (const char* groups : {"per_kv_head", "per_query_head"}) {
+        json j = json::parse(default_scenario_text());
+        j["model"] = {{"layers", 3}, {"heads", 8}, {"kv_heads", 2}, {"head_dim", 128}};
+        j["layout"] = "text:40,image:128,text:24,image:128,text:30";
+        j["decode_steps"] = 4;
+        j["policies"] = json::array({{{"name", "avl"}, {"params", {{"text_rate", 0.5}, {"text_min_budget", 4}, {"text_groups", groups}}}}});
+        const Scenario s = scenario_from_json(j, "avl text budget");
+        const auto [c, g] = run_both(s);
+        INFO("text_groups " << groups);
+        REQUIRE(c.runs.size() == g.runs.size());
+        for (std::size_t i = 0; i < c.runs.size(); ++i) {
+            INFO("policy " << c.runs[i].label);
+            check_kept_sets(c.runs[i], g.runs[i], 2);
+            CHECK(std::abs(c.runs[i].mass_prefill() - g.runs[i].mass_prefill()) <= kMassTol);
+        }
+    }
+}
+
 TEST_CASE("sim backends: the cuda backend's errors", "[cuda][sim]") {
-    // A-VL's text budget with groups per query head is not on the GPU: a clear error naming the policy.
     json j = json::parse(default_scenario_text());
     j["model"] = {{"layers", 2}, {"heads", 4}, {"kv_heads", 2}, {"head_dim", 128}};
     j["layout"] = "text:8,image:64,text:8";
     j["decode_steps"] = 2;
-    j["policies"] = json::array({{{"name", "avl"}, {"params", {{"text_rate", 0.5}, {"text_groups", "per_query_head"}}}}});
-    const Scenario s = scenario_from_json(j, "errors");
     EngineOptions o;
     o.backend = "cuda";
-    REQUIRE_THROWS_WITH(run_scenario(s, o), Catch::Contains("policy 'avl'") && Catch::Contains("per_query_head") &&
-                                                Catch::Contains("cpu backend"));
     // head_dim 96 runs (the prefill on the CUDA-core kernel); beyond 256 the error names the head dim.
     j["policies"] = json::array({{{"name", "zipvl"}, {"params", json::object()}}});
     j["model"]["head_dim"] = 96;

@@ -145,7 +145,9 @@ __global__ void h2o_compact_kernel(const std::int32_t* cur, const float* cur_es,
 // without the dropped one: no second launch and no second read of the list. A barrier between the
 // blocks of a grid needs them all resident at once: the host launches this kernel only where the grid
 // fits the device's resident blocks (H2ODecode::advance), and since a dependent launch starts no block
-// before the decode kernel ahead of it has retired, every block reaches the barrier.
+// before the decode kernel ahead of it has retired, every block reaches the barrier. (Kernels of other
+// streams may hold multiprocessors meanwhile and delay the later blocks; they cannot stop them unless
+// they themselves wait on this kernel.)
 struct H2OStepArgs {
     const std::int32_t* cur = nullptr;
     const float* cur_es = nullptr;
