@@ -187,6 +187,21 @@ inline std::vector<std::int64_t> avl_prefill_filter(std::span<const double> scor
     return out;
 }
 
+// The text budget over `seen` text tokens (T%, used by avl_text_h2o): B = max(round((1 - text_rate)
+// seen), text_min_budget), at most seen, of which `heavy` = floor(text_heavy_fraction B) are ranked by
+// score among the older ones and the last `recent` = B - heavy are always kept.
+struct AvlTextBudget {
+    std::int64_t budget = 0, heavy = 0, recent = 0;
+};
+inline AvlTextBudget avl_text_budget(std::int64_t seen, const AvlParams& P) {
+    AvlTextBudget b;
+    b.budget = std::min(seen, std::max<std::int64_t>(static_cast<std::int64_t>(std::llround((1.0 - P.text_rate) * static_cast<double>(seen))),
+                                                     P.text_min_budget));
+    b.heavy = static_cast<std::int64_t>(std::floor(P.text_heavy_fraction * static_cast<double>(b.budget)));
+    b.recent = b.budget - b.heavy;
+    return b;
+}
+
 // H2O for the text tokens (T%): given accumulated attention per group (acc[g][j], j in [0, n); one
 // group per KV head, or per query head for AvlTextGroups::per_query_head), each group keeps
 // B = max(round((1 - text_rate) * text_seen), text_min_budget) (at most text_seen) text tokens: the
@@ -209,9 +224,8 @@ inline std::vector<std::vector<std::int64_t>> avl_text_h2o(const std::vector<std
     for (auto p : pr)
         if (!detail::in_spans(spans, p)) text.push_back(p);
     const auto seen = static_cast<std::int64_t>(text.size());
-    const std::int64_t B = std::min(seen, std::max<std::int64_t>(static_cast<std::int64_t>(std::llround((1.0 - P.text_rate) * static_cast<double>(seen))), P.text_min_budget));
-    const auto heavy = static_cast<std::int64_t>(std::floor(P.text_heavy_fraction * static_cast<double>(B)));
-    const std::int64_t recent = B - heavy;
+    const AvlTextBudget tb = avl_text_budget(seen, P);
+    const std::int64_t heavy = tb.heavy, recent = tb.recent;
     const std::vector<std::int64_t> older(text.begin(), text.end() - recent), tail(text.end() - recent, text.end());
     std::vector<std::vector<std::int64_t>> out(acc.size() / static_cast<std::size_t>(group));
     for (std::size_t a = 0; a < acc.size(); ++a) {

@@ -209,18 +209,26 @@ __global__ void __launch_bounds__(kSelectThreads) avl_refresh_kernel(const __gri
     team.sync();  // no block leaves while another may still read its shared memory
 }
 
-// The text budget's H2O scores: out[(row0 + r) * n + present[i]] = the sum over the row splits of
-// col[z][r][i] (r < rows: the KV heads of a run, or the one query head of a per-head run).
+// Probe column sums scattered by position: out[(row0 + r) * n + present[i]] = the sum over the row
+// splits z of col[z][r][i] (r < rows: the KV heads of a run, or the one query head of a per-head run:
+// the text budget's H2O scores); with sum_rows, row0 alone = the sum over z and then r (the last row's
+// score of every position, summed over the KV heads). present null: row i is position i; positions
+// not present are left as they are (the caller zeroes them).
 template <int Unused = 0>
-__global__ void avl_text_scores_kernel(const float* col, int rsplit, int rows, int m, const std::int32_t* present, int n,
-                                       float* out, int row0) {
+__global__ void avl_scatter_kernel(const float* col, int rsplit, int rows, int m, const std::int32_t* present, int n,
+                                   float* out, int row0, int sum_rows) {
     dependent_entry();  // programmatic dependent launch: see common.cuh
-    const std::int64_t total = static_cast<std::int64_t>(rows) * m;
+    const std::int64_t total = static_cast<std::int64_t>(sum_rows ? 1 : rows) * m;
     for (std::int64_t x = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; x < total;
          x += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
         const int r = static_cast<int>(x / m), i = static_cast<int>(x % m);
         float a = 0.0f;
-        for (int z = 0; z < rsplit; ++z) a += col[(static_cast<std::int64_t>(z) * rows + r) * m + i];
+        for (int z = 0; z < rsplit; ++z)
+            if (sum_rows) {
+                for (int h = 0; h < rows; ++h) a += col[(static_cast<std::int64_t>(z) * rows + h) * m + i];
+            } else {
+                a += col[(static_cast<std::int64_t>(z) * rows + r) * m + i];
+            }
         out[static_cast<std::int64_t>(row0 + r) * n + (present ? present[i] : i)] = a;
     }
 }
@@ -230,19 +238,6 @@ template <int Unused = 0>
 __global__ void avl_or_status_kernel(const int* src, int* dst) {
     dependent_entry();  // programmatic dependent launch: see common.cuh
     if (threadIdx.x == 0 && *src) atomicOr(dst, *src);
-}
-
-// scores[present[i]] = sums over the KV heads (and row splits) of the last row's column sums at row i;
-// scores[j] = 0 elsewhere (zeroed first by the caller). present null: row i is position i.
-template <int Unused = 0>
-__global__ void avl_scatter_kernel(const float* col, int rsplit, int Hkv, int m, const std::int32_t* present, float* scores) {
-    dependent_entry();  // programmatic dependent launch: see common.cuh
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < m; i += gridDim.x * blockDim.x) {
-        float a = 0.0f;
-        for (int z = 0; z < rsplit; ++z)
-            for (int h = 0; h < Hkv; ++h) a += col[(static_cast<std::int64_t>(z) * Hkv + h) * m + i];
-        scores[present ? present[i] : i] = a;
-    }
 }
 
 }  // namespace detail
@@ -283,11 +278,9 @@ public:
             for (auto p : pr)
                 if (!::vlsparse::detail::in_spans(r.spans, p)) tx.push_back(p);
             const auto seen = static_cast<std::int64_t>(tx.size());
-            const std::int64_t B = std::min(
-                seen, std::max<std::int64_t>(static_cast<std::int64_t>(std::llround((1.0 - P.text_rate) * static_cast<double>(seen))),
-                                             P.text_min_budget));
-            heavy = static_cast<std::int64_t>(std::floor(P.text_heavy_fraction * static_cast<double>(B)));
-            const std::int64_t recent = B - heavy;
+            const AvlTextBudget tb = avl_text_budget(seen, P);
+            heavy = tb.heavy;
+            const std::int64_t recent = tb.recent;
             older.assign(static_cast<std::size_t>(r.n), 0);
             for (std::int64_t i = 0; i < seen; ++i)
                 (i < seen - recent ? older : other)[static_cast<std::size_t>(tx[static_cast<std::size_t>(i)])] = 1;
@@ -406,7 +399,8 @@ private:
         const unsigned blocks = static_cast<unsigned>(std::clamp<std::int64_t>((m + 255) / 256, 1, 4096));
         detail::launch_dependent(detail::avl_scatter_kernel<>, blocks, 256, 0, stream, fn, "avl_scatter_kernel", pc.col,
                                  pc.rsplit, static_cast<int>(Hkv), static_cast<int>(m),
-                                 present.empty() ? nullptr : present_d, scores_);
+                                 static_cast<const std::int32_t*>(present.empty() ? nullptr : present_d), static_cast<int>(n),
+                                 scores_, 0, 1);
         status_ = pc.status;
         H_ = H;
         return pr;
@@ -429,9 +423,9 @@ private:
         for (std::int64_t i = 0; i < m; ++i) rows[static_cast<std::size_t>(i)] = i;
         auto one_run = [&](const detail::ProbeColumnsResult& pc, int run_rows, int row0) {
             const unsigned blocks = static_cast<unsigned>(std::clamp<std::int64_t>((run_rows * m + 255) / 256, 1, 4096));
-            detail::launch_dependent(detail::avl_text_scores_kernel<>, blocks, 256, 0, stream, fn, "avl_text_scores_kernel",
-                                     pc.col, pc.rsplit, run_rows, static_cast<int>(m), present_d_, static_cast<int>(n),
-                                     text_scores_, row0);
+            detail::launch_dependent(detail::avl_scatter_kernel<>, blocks, 256, 0, stream, fn, "avl_scatter_kernel", pc.col,
+                                     pc.rsplit, run_rows, static_cast<int>(m), present_d_, static_cast<int>(n), text_scores_,
+                                     row0, 0);
             detail::launch_dependent(detail::avl_or_status_kernel<>, 1, 32, 0, stream, fn, "avl_or_status_kernel",
                                      static_cast<const int*>(pc.status), status_);
         };

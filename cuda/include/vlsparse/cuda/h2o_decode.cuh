@@ -65,92 +65,17 @@ __device__ __forceinline__ unsigned h2o_order_key(float x) {
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-// Step part 1, grid (chunks, G): a[g][pos] += p[e] * heads for the entries of group g's list (count c
-// at offset g * c of `cur`; a_j read from cur_es, the entries' scores, and written to both); with evict, the lowest score among the older entries [0, c - recent) and,
-// among equal lowest scores, the highest entry into best[g] (atomicMin of key(score) << 32 | ~index). A
-// non-finite score sets *status. p: probs, or (FromPlan) computed here from the scores the decode
-// kernel left in its plan (list g of the plan's one sequence), the same bits decode_probs_kernel writes.
-template <bool FromPlan>
-__global__ void h2o_accumulate_kernel(const std::int32_t* cur, float* cur_es, int c, const float* probs, const ProbArgs pa,
-                                      float heads, float* a, std::int64_t a_stride, int older, int evict,
-                                      unsigned long long* best, int* status) {
-    dependent_entry();
-    const int g = blockIdx.y, tid = threadIdx.x;
-    const std::int32_t* list = cur + static_cast<std::int64_t>(g) * c;
-    float* es = cur_es + static_cast<std::int64_t>(g) * c;
-    const float* p = FromPlan ? nullptr : probs + static_cast<std::int64_t>(g) * c;
-    float* ag = a + static_cast<std::int64_t>(g) * a_stride;
-    unsigned long long mine = ~0ull;
-    bool bad = false;
-    const int i0 = static_cast<int>(blockIdx.x) * kH2OChunk, i1 = min(c, i0 + kH2OChunk);
-    for (int i = i0 + tid; i < i1; i += blockDim.x) {
-        const std::int32_t pos = list[i];
-        const float pe = FromPlan ? decode_entry_prob(pa, static_cast<std::int64_t>(g) * c + i, g) : p[i];
-        const float x = __fmaf_rn(pe, heads, es[i]);  // the CPU test replays this exact operation
-        es[i] = x;
-        ag[pos] = x;
-        bad |= !isfinite(x);
-        if (evict && i < older) {
-            const unsigned long long k = static_cast<unsigned long long>(h2o_order_key(x)) << 32 | (0xffffffffu - static_cast<unsigned>(i));
-            mine = min(mine, k);
-        }
-    }
-    if (bad) atomicOr(status, 1);
-    if (!evict) return;
-    for (int o = 16; o > 0; o >>= 1) mine = min(mine, __shfl_xor_sync(0xffffffffu, mine, o));
-    __shared__ unsigned long long s_best[kH2OThreads / 32];
-    if ((tid & 31) == 0) s_best[tid >> 5] = mine;
-    __syncthreads();
-    if (tid == 0) {
-        for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) mine = min(mine, s_best[w]);
-        if (mine != ~0ull) atomicMin(best + g, mine);
-    }
-}
-
-// Step part 2, grid (chunks, G): the entries of group g's list but the dropped one (from best[g], when
-// evicting) and their scores written at offset g * c_next of `next` / `next_es`, then `next_pos` (score
-// 0); next_indptr; best_next[g] and arrive_next[g] reset for the next step.
-template <int Unused = 0>
-__global__ void h2o_compact_kernel(const std::int32_t* cur, const float* cur_es, int c, int evict, const unsigned long long* best,
-                                   unsigned long long* best_next, unsigned* arrive_next, int next_pos, std::int32_t* next, float* next_es,
-                                   std::int32_t* next_indptr, int c_next) {
-    dependent_entry();
-    const int g = blockIdx.y, tid = threadIdx.x;
-    const std::int32_t* list = cur + static_cast<std::int64_t>(g) * c;
-    const float* es = cur_es + static_cast<std::int64_t>(g) * c;
-    const int drop = evict ? static_cast<int>(0xffffffffu - static_cast<unsigned>(best[g] & 0xffffffffull)) : -1;
-    std::int32_t* out = next + static_cast<std::int64_t>(g) * c_next;
-    float* out_es = next_es + static_cast<std::int64_t>(g) * c_next;
-    const int i0 = static_cast<int>(blockIdx.x) * kH2OChunk, i1 = min(c, i0 + kH2OChunk);
-    for (int i = i0 + tid; i < i1; i += blockDim.x)
-        if (i != drop) {
-            const int o = drop >= 0 && i > drop ? i - 1 : i;
-            out[o] = list[i];
-            out_es[o] = es[i];
-        }
-    if (blockIdx.x == 0 && tid == 0) {
-        out[c_next - 1] = next_pos;
-        out_es[c_next - 1] = 0.0f;
-        next_indptr[g + 1] = (g + 1) * c_next;
-        if (g == 0) next_indptr[0] = 0;
-        best_next[g] = ~0ull;
-        arrive_next[g] = 0u;  // the one-kernel step's barrier, should the next step take it
-    }
-}
-
-// The whole step in one kernel, grid (chunks, G), one entry per thread: the accumulation of
-// h2o_accumulate_kernel, then (evicting) the blocks of group g meet at a barrier on arrive[g] -- each
-// block's candidate folded into best[g] before it arrives, so that past the barrier best[g] is the
-// group's choice -- and each block writes its own entries, still in registers, into the next list
-// without the dropped one: no second launch and no second read of the list. A barrier between the
-// blocks of a grid needs them all resident at once: the host launches this kernel only where the grid
-// fits the device's resident blocks (H2ODecode::advance), and since a dependent launch starts no block
-// before the decode kernel ahead of it has retired, every block reaches the barrier. (Kernels of other
-// streams may hold multiprocessors meanwhile and delay the later blocks; they cannot stop them unless
-// they themselves wait on this kernel.)
+// What a step's kernels read and write (one struct for both paths below). Group g's list: count c at
+// offset g c of `cur`, its entries' scores a_j at the same places of `cur_es`; a [G][a_stride] the
+// scores by position; probs one probability per entry, or (FromPlan) pa, the scores the decode kernel
+// left in its plan (list g of the plan's one sequence: the same bits decode_probs_kernel writes). The
+// eviction (evict): the lowest score among the older entries [0, older) and, among equal lowest scores,
+// the highest entry, through best[g] (atomicMin of key(score) << 32 | ~index). The next lists: count
+// c_next at offset g c_next of next / next_es, next_pos appended; best_next / arrive_next reset for the
+// next step (steps alternate between two of each).
 struct H2OStepArgs {
     const std::int32_t* cur = nullptr;
-    const float* cur_es = nullptr;
+    float* cur_es = nullptr;
     const float* probs = nullptr;
     ProbArgs pa{};
     float heads = 1.0f;
@@ -167,6 +92,58 @@ struct H2OStepArgs {
     int* status = nullptr;
 };
 
+// Entry i of group g (i < c): a_j += p x heads, written at its position; a non-finite sum sets *status.
+// Returns the new score; `cand` is the entry's eviction candidate (~0 when it is not one).
+template <bool FromPlan>
+__device__ __forceinline__ float h2o_add_entry(const H2OStepArgs& a, int g, int i, std::int32_t& pos, unsigned long long& cand) {
+    const std::int64_t e = static_cast<std::int64_t>(g) * a.c + i;
+    pos = a.cur[e];
+    const float pe = FromPlan ? decode_entry_prob(a.pa, e, g) : a.probs[e];
+    const float x = __fmaf_rn(pe, a.heads, a.cur_es[e]);  // the CPU test replays this exact operation
+    a.a[static_cast<std::int64_t>(g) * a.a_stride + pos] = x;
+    if (!isfinite(x)) atomicOr(a.status, 1);
+    cand = a.evict && i < a.older ? static_cast<unsigned long long>(h2o_order_key(x)) << 32 | (0xffffffffu - static_cast<unsigned>(i))
+                                  : ~0ull;
+    return x;
+}
+
+// The block's smallest candidate, in thread 0 (every thread calls it: it synchronizes the block).
+__device__ __forceinline__ unsigned long long h2o_block_min(unsigned long long mine) {
+    for (int o = 16; o > 0; o >>= 1) mine = min(mine, __shfl_xor_sync(0xffffffffu, mine, o));
+    __shared__ unsigned long long s_best[kH2OThreads / 32];
+    if ((threadIdx.x & 31) == 0) s_best[threadIdx.x >> 5] = mine;
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int w = 1; w < kH2OThreads / 32; ++w) mine = min(mine, s_best[w]);
+    return mine;
+}
+
+// The dropped entry of best's choice.
+__device__ __forceinline__ int h2o_dropped(unsigned long long best) {
+    return static_cast<int>(0xffffffffu - static_cast<unsigned>(best & 0xffffffffull));
+}
+
+// Entry i (position pos, score x) of group g into the next list, without the dropped one (drop < 0:
+// none); block 0's first thread also appends next_pos (score 0), writes next_indptr and resets the
+// next step's choice and barrier (this step's were reset by the step before, or by reset()).
+__device__ __forceinline__ void h2o_write_next(const H2OStepArgs& a, int g, int i, bool valid, std::int32_t pos, float x, int drop) {
+    std::int32_t* out = a.next + static_cast<std::int64_t>(g) * a.c_next;
+    float* out_es = a.next_es + static_cast<std::int64_t>(g) * a.c_next;
+    if (valid && i != drop) {
+        const int o = drop >= 0 && i > drop ? i - 1 : i;
+        out[o] = pos;
+        out_es[o] = x;
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        out[a.c_next - 1] = a.next_pos;
+        out_es[a.c_next - 1] = 0.0f;
+        a.next_indptr[g + 1] = (g + 1) * a.c_next;
+        if (g == 0) a.next_indptr[0] = 0;
+        a.best_next[g] = ~0ull;
+        a.arrive_next[g] = 0u;
+    }
+}
+
 __device__ __forceinline__ unsigned h2o_load_acquire(const unsigned* p) {
     unsigned v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -178,60 +155,66 @@ __device__ __forceinline__ unsigned long long h2o_load_relaxed(const unsigned lo
     return v;
 }
 
+// The whole step in one kernel, grid (chunks, G), one entry per thread: each block adds its entries,
+// then (evicting) the blocks of group g meet at a barrier on arrive[g] -- each block's candidate folded
+// into best[g] before it arrives, so that past the barrier best[g] is the group's choice -- and each
+// block writes its own entries, still in registers, into the next list without the dropped one: no
+// second launch and no second read of the list. A barrier between the blocks of a grid needs them all
+// resident at once: the host launches this kernel only where the grid fits the device's resident
+// blocks (H2ODecode::advance), and since a dependent launch starts no block before the decode kernel
+// ahead of it has retired, every block reaches the barrier. (Kernels of other streams may hold
+// multiprocessors meanwhile and delay the later blocks; they cannot stop them unless they themselves
+// wait on this kernel.)
 template <bool FromPlan>
 __global__ void __launch_bounds__(kH2OThreads, 5) h2o_step_kernel(const __grid_constant__ H2OStepArgs a) {
     dependent_entry();
-    const int g = blockIdx.y, tid = threadIdx.x;
-    const int i = static_cast<int>(blockIdx.x) * kH2OChunk + tid;
-    const std::int64_t e = static_cast<std::int64_t>(g) * a.c + i;
+    const int g = blockIdx.y, i = static_cast<int>(blockIdx.x) * kH2OChunk + static_cast<int>(threadIdx.x);
     const bool valid = i < a.c;
     std::int32_t pos = 0;
     float x = 0.0f;
     unsigned long long mine = ~0ull;
-    if (valid) {
-        pos = a.cur[e];
-        const float pe = FromPlan ? decode_entry_prob(a.pa, e, g) : a.probs[e];
-        x = __fmaf_rn(pe, a.heads, a.cur_es[e]);  // the same operation as h2o_accumulate_kernel
-        a.a[static_cast<std::int64_t>(g) * a.a_stride + pos] = x;
-        if (!isfinite(x)) atomicOr(a.status, 1);
-        if (a.evict && i < a.older)
-            mine = static_cast<unsigned long long>(h2o_order_key(x)) << 32 | (0xffffffffu - static_cast<unsigned>(i));
-    }
+    if (valid) x = h2o_add_entry<FromPlan>(a, g, i, pos, mine);
     int drop = -1;
     if (a.evict) {
-        for (int o = 16; o > 0; o >>= 1) mine = min(mine, __shfl_xor_sync(0xffffffffu, mine, o));
-        __shared__ unsigned long long s_best[kH2OThreads / 32];
         __shared__ int s_drop;
-        if ((tid & 31) == 0) s_best[tid >> 5] = mine;
-        __syncthreads();
-        if (tid == 0) {
-            for (int w = 1; w < kH2OThreads / 32; ++w) mine = min(mine, s_best[w]);
+        mine = h2o_block_min(mine);
+        if (threadIdx.x == 0) {
             if (mine != ~0ull) atomicMin(a.best + g, mine);
             __threadfence();  // the candidate is in best[g] before this block counts as arrived
             atomicAdd(a.arrive + g, 1u);
             while (h2o_load_acquire(a.arrive + g) < gridDim.x) {
             }
-            s_drop = static_cast<int>(0xffffffffu - static_cast<unsigned>(h2o_load_relaxed(a.best + g) & 0xffffffffull));
+            s_drop = h2o_dropped(h2o_load_relaxed(a.best + g));
         }
         __syncthreads();
         drop = s_drop;
     }
-    std::int32_t* out = a.next + static_cast<std::int64_t>(g) * a.c_next;
-    float* out_es = a.next_es + static_cast<std::int64_t>(g) * a.c_next;
-    if (valid && i != drop) {
-        const int o = drop >= 0 && i > drop ? i - 1 : i;
-        out[o] = pos;
-        out_es[o] = x;
+    h2o_write_next(a, g, i, valid, pos, x, drop);
+}
+
+// The same step as two kernels split at that barrier (for grids that do not fit): part 1 adds the
+// entries, keeps the new scores in cur_es and folds each block's candidate into best[g]; part 2 writes
+// the next lists.
+template <bool FromPlan>
+__global__ void __launch_bounds__(kH2OThreads) h2o_accumulate_kernel(const __grid_constant__ H2OStepArgs a) {
+    dependent_entry();
+    const int g = blockIdx.y, i = static_cast<int>(blockIdx.x) * kH2OChunk + static_cast<int>(threadIdx.x);
+    unsigned long long mine = ~0ull;
+    if (i < a.c) {
+        std::int32_t pos;
+        a.cur_es[static_cast<std::int64_t>(g) * a.c + i] = h2o_add_entry<FromPlan>(a, g, i, pos, mine);
     }
-    if (blockIdx.x == 0 && tid == 0) {
-        out[a.c_next - 1] = a.next_pos;
-        out_es[a.c_next - 1] = 0.0f;
-        a.next_indptr[g + 1] = (g + 1) * a.c_next;
-        if (g == 0) a.next_indptr[0] = 0;
-        // The next step's choice and barrier (this step's were reset by the step before, or by reset()).
-        a.best_next[g] = ~0ull;
-        a.arrive_next[g] = 0u;
-    }
+    if (!a.evict) return;
+    mine = h2o_block_min(mine);
+    if (threadIdx.x == 0 && mine != ~0ull) atomicMin(a.best + g, mine);
+}
+template <int Unused = 0>
+__global__ void __launch_bounds__(kH2OThreads) h2o_compact_kernel(const __grid_constant__ H2OStepArgs a) {
+    dependent_entry();
+    const int g = blockIdx.y, i = static_cast<int>(blockIdx.x) * kH2OChunk + static_cast<int>(threadIdx.x);
+    const bool valid = i < a.c;
+    const std::int64_t e = static_cast<std::int64_t>(g) * a.c + i;
+    h2o_write_next(a, g, i, valid, valid ? a.cur[e] : 0, valid ? a.cur_es[e] : 0.0f, a.evict ? h2o_dropped(a.best[g]) : -1);
 }
 
 // Appends `pos` to each of G lists of count c (kept at offset g * c of `in`) into `out` (count c + 1),
@@ -386,43 +369,36 @@ private:
                                     " blocks resident at once and the device holds ", resident_blocks_,
                                     " (lists of ", count_, " positions in ", G_, " groups); use H2OStepPath::two_kernels or automatic");
         const bool one = path_ == H2OStepPath::one_kernel || (path_ == H2OStepPath::automatic && fits);
-        const detail::ProbArgs none{};
+        detail::H2OStepArgs a;
+        a.cur = lists_[cur_].data();
+        a.cur_es = es_[cur_].data();
+        a.probs = probs;
+        if (pa) a.pa = *pa;
+        a.heads = heads_;
+        a.a = scores_.data();
+        a.a_stride = W_;
+        a.c = static_cast<int>(count_);
+        a.older = static_cast<int>(count_ - recent_);
+        a.evict = evict ? 1 : 0;
+        a.next_pos = static_cast<int>(n_ + step_ + 1);
+        a.c_next = static_cast<int>(c_next);
+        a.best = best;
+        a.best_next = best_next;
+        a.arrive = arrive_.data() + slot * G_;
+        a.arrive_next = arrive_.data() + slot_next * G_;
+        a.next = lists_[nxt].data();
+        a.next_es = es_[nxt].data();
+        a.next_indptr = indptr_dev_[nxt].data();
+        a.status = status_.data();
+        // Programmatic dependent launches (common.cuh): each overlaps the end of the kernel before it (the
+        // decode's, then the accumulation); each waits for it first.
         if (one) {
-            detail::H2OStepArgs a;
-            a.cur = lists_[cur_].data();
-            a.cur_es = es_[cur_].data();
-            a.probs = probs;
-            a.pa = pa ? *pa : none;
-            a.heads = heads_;
-            a.a = scores_.data();
-            a.a_stride = W_;
-            a.c = static_cast<int>(count_);
-            a.older = static_cast<int>(count_ - recent_);
-            a.evict = evict ? 1 : 0;
-            a.next_pos = static_cast<int>(n_ + step_ + 1);
-            a.c_next = static_cast<int>(c_next);
-            a.best = best;
-            a.best_next = best_next;
-            a.arrive = arrive_.data() + slot * G_;
-            a.arrive_next = arrive_.data() + slot_next * G_;
-            a.next = lists_[nxt].data();
-            a.next_es = es_[nxt].data();
-            a.next_indptr = indptr_dev_[nxt].data();
-            a.status = status_.data();
-            // A programmatic dependent launch (common.cuh): it overlaps the end of the kernel before it.
             detail::launch_dependent(pa ? detail::h2o_step_kernel<true> : detail::h2o_step_kernel<false>, grid, detail::kH2OThreads, 0,
                                      stream, fn, "h2o_step_kernel", a);
         } else {
-            // Both as programmatic dependent launches (common.cuh): each launch overlaps the end of the kernel
-            // before it (the decode's probability kernel, then the accumulation); each waits for it first.
             detail::launch_dependent(pa ? detail::h2o_accumulate_kernel<true> : detail::h2o_accumulate_kernel<false>, grid,
-                                     detail::kH2OThreads, 0, stream, fn, "h2o_accumulate_kernel", lists_[cur_].data(),
-                                     es_[cur_].data(), static_cast<int>(count_), probs, pa ? *pa : none, heads_, scores_.data(),
-                                     W_, static_cast<int>(count_ - recent_), evict ? 1 : 0, best, status_.data());
-            detail::launch_dependent(detail::h2o_compact_kernel<>, grid, detail::kH2OThreads, 0, stream, fn, "h2o_compact_kernel",
-                                     lists_[cur_].data(), es_[cur_].data(), static_cast<int>(count_), evict ? 1 : 0, best,
-                                     best_next, arrive_.data() + slot_next * G_, static_cast<int>(n_ + step_ + 1),
-                                     lists_[nxt].data(), es_[nxt].data(), indptr_dev_[nxt].data(), static_cast<int>(c_next));
+                                     detail::kH2OThreads, 0, stream, fn, "h2o_accumulate_kernel", a);
+            detail::launch_dependent(detail::h2o_compact_kernel<>, grid, detail::kH2OThreads, 0, stream, fn, "h2o_compact_kernel", a);
         }
         last_path_ = one ? H2OStepPath::one_kernel : H2OStepPath::two_kernels;
         cur_ = nxt;

@@ -73,11 +73,11 @@ std::vector<NamedArray> run_avl_typed(const AvlCaseInputs& c, AvlRunInfo* info) 
         for (std::int64_t p = 0; p < n; ++p)
             if (!::vlsparse::detail::in_spans(spans, p)) tx.push_back(p);
         const auto seen = static_cast<std::int64_t>(tx.size());
-        const std::int64_t B = std::min(seen, std::max<std::int64_t>(std::llround((1.0 - P.text_rate) * static_cast<double>(seen)), P.text_min_budget));
-        const auto heavy = static_cast<std::int64_t>(std::floor(P.text_heavy_fraction * static_cast<double>(B)));
+        const AvlTextBudget tb = avl_text_budget(seen, P);
+        const std::int64_t heavy = tb.heavy;
         for (const auto& a : acc) {
             std::vector<double> s;
-            for (std::int64_t i = 0; i < seen - (B - heavy); ++i) s.push_back(a[static_cast<std::size_t>(tx[static_cast<std::size_t>(i)])]);
+            for (std::int64_t i = 0; i < seen - tb.recent; ++i) s.push_back(a[static_cast<std::size_t>(tx[static_cast<std::size_t>(i)])]);
             margin = std::min(margin, cut_margin(s, heavy));
         }
     }
