@@ -2,6 +2,7 @@
 // "CUDA III" (bf16, H = 28, H_kv = 4, d = 128, batch 1, n = 8K .. 32K):
 //   dense_causal           dense_prefill_attention (PrefillKernel::automatic: wgmma on an H100 with sm_90a code)
 //   dense_causal_mma_sync  the same on the portable mma.sync path (PrefillKernel::mma_sync)
+//   dense_causal_lse       the same, also writing each row's log-sum-exp (only when --cases names it)
 //   dense_causal_cpasync   the same with whole key tiles copied by cp.async instead of the bulk tensor copy
 //                          (PrefillOptions::bulk_copy = false; only when --cases names it)
 //   dense_causal_simt      the same on the CUDA-core kernel (PrefillKernel::simt; slow: only when --cases
@@ -170,6 +171,12 @@ int main(int argc, char** argv) {
         if (want("dense_causal")) {
             const double us = timed([&] { cuda::dense_prefill_attention(qv, kv, vv, ov, opt); });
             row("vlsparse", "dense_causal", us, H * n * (n + 1) / 2, wgmma ? "wgmma" : "mma.sync");
+        }
+        if (named("dense_causal_lse")) {  // also writing each row's log-sum-exp (the row statistics of A-VL / H2O)
+            cuda::DeviceArray<float> lse(static_cast<std::size_t>(n * H));
+            const View2<float> lv(lse.data(), {n, H});
+            const double us = timed([&] { cuda::dense_prefill_attention(qv, kv, vv, ov, lv, opt); });
+            row("vlsparse", "dense_causal_lse", us, H * n * (n + 1) / 2, std::string(wgmma ? "wgmma" : "mma.sync") + ", with lse");
         }
         if (want("dense_causal_mma_sync")) {  // the portable path on the same GPU
             cuda::PrefillOptions o2 = opt;

@@ -215,9 +215,42 @@ void run_dense(std::int64_t nq, std::int64_t nk, std::int64_t H, std::int64_t Hk
     std::vector<double> ref(static_cast<std::size_t>(nq * H * d));
     reference::dense_attention(host_view(x.q, nq, H, d), host_view(x.k, nk, Hkv, d), host_view(x.v, nk, Hkv, d),
                                View3<double>(ref.data(), {nq, H, d}));
-    check_output(dv.out.download(), ref, x, fill, "dense causal");
+    const std::vector<float> got = dv.out.download();
+    check_output(got, ref, x, fill, "dense causal");
     check_bulk_copy_bits(dv, [&](const cuda::PrefillOptions& o) { cuda::dense_prefill_attention(dv.qv, dv.kv, dv.vv, dv.ov, o); },
                          "dense causal");
+    // With the rows' log-sum-exp: the same output bits, and lse against the double one of the same scores
+    // (inputs exact, fp32 accumulation: within 2e-4 + 1e-5 |lse|). lse poisoned (NaN) first, strided (a
+    // head stride of 2) so that a write at the wrong place shows.
+    cuda::DeviceArray<float> lse_d(static_cast<std::size_t>(nq * H * 2));
+    lse_d.fill_bytes(0xff);
+    dv.out.fill_bytes(0xff);
+    cuda::dense_prefill_attention(dv.qv, dv.kv, dv.vv, dv.ov, View2<float>(lse_d.data(), {nq, H}, {2 * H, 2}), opts());
+    REQUIRE(bits_differ(dv.out.download(), got) == 0);
+    const std::vector<float> lse = lse_d.download();
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    std::vector<double> sc(static_cast<std::size_t>(nk));
+    for (std::int64_t i = 0; i < nq; ++i)
+        for (std::int64_t h = 0; h < H; ++h) {
+            const std::int64_t pos = nk - nq + i;
+            double mx = -INFINITY;
+            for (std::int64_t j = 0; j <= pos; ++j) {
+                double dot = 0.0;
+                for (std::int64_t c = 0; c < d; ++c)
+                    dot += static_cast<double>(to_float(x.q[static_cast<std::size_t>((i * H + h) * d + c)])) *
+                           static_cast<double>(to_float(x.k[static_cast<std::size_t>((j * Hkv + h / (H / Hkv)) * d + c)]));
+                sc[static_cast<std::size_t>(j)] = scale * dot;
+                mx = std::max(mx, sc[static_cast<std::size_t>(j)]);
+            }
+            double l = 0.0;
+            for (std::int64_t j = 0; j <= pos; ++j) l += std::exp(sc[static_cast<std::size_t>(j)] - mx);
+            const double want = mx + std::log(l);
+            const double g = lse[static_cast<std::size_t>(i * 2 * H + 2 * h)];
+            INFO("lse of row " << i << " head " << h << ": " << g << ", want " << want << " (" << kernel_name() << ", "
+                               << type_name<T>() << ", d " << d << ")");
+            REQUIRE(std::abs(g - want) <= 2e-4 + 1e-5 * std::abs(want));
+            if (h == 0 && i < 4) REQUIRE(std::isnan(lse[static_cast<std::size_t>(i * 2 * H + 1)]));  // the gaps unwritten
+        }
 }
 
 // ---- token-sparse ------------------------------------------------------------------------------------
@@ -774,6 +807,14 @@ TEST_CASE("cuda prefill: errors", "[cuda][prefill]") {
     REQUIRE_THROWS_WITH(cuda::dense_prefill_attention(dv.qv, View3<const bfloat16>(dv.k.data(), {n - 1, Hkv, d}),
                                                       View3<const bfloat16>(dv.v.data(), {n - 1, Hkv, d}), dv.ov),
                         Contains("expected n_q <= n_k"));
+    {  // lse: its shape, and no aliasing of out
+        cuda::DeviceArray<float> l(static_cast<std::size_t>(n * H));
+        REQUIRE_THROWS_WITH(cuda::dense_prefill_attention(dv.qv, dv.kv, dv.vv, dv.ov, View2<float>(l.data(), {n, H - 1})),
+                            Contains("lse has shape [") && Contains("expected [" + std::to_string(n) + ", " + std::to_string(H) + "]"));
+        REQUIRE_THROWS_WITH(cuda::dense_prefill_attention(dv.qv, dv.kv, dv.vv, dv.ov, View2<float>(dv.out.data(), {n, H})),
+                            Contains("output lse aliases input out"));
+        REQUIRE_NOTHROW(cuda::dense_prefill_attention(dv.qv, dv.kv, dv.vv, dv.ov, View2<float>(l.data(), {n, H})));
+    }
     REQUIRE_THROWS_WITH(cuda::dense_prefill_attention(dv.qv, dv.kv, View3<const bfloat16>(dv.v.data(), {n - 1, Hkv, d}), dv.ov),
                         Contains("expected the shape of k"));
     {

@@ -285,21 +285,53 @@ void launch_prefill(PrefillArgs a, int d, dim3 grid, const PrefillOptions& opt, 
 // query on a device launches a probe kernel and waits for it). For tests, benchmarks and logs.
 inline bool prefill_uses_wgmma() { return detail::wgmma_runs_here("cuda::prefill_uses_wgmma"); }
 
+namespace detail {
+
+template <class T, class TO>
+void dense_prefill(View3<const T> q, View3<const T> k, View3<const T> v, View3<TO> out, float* lse, std::int64_t lse_s0,
+                   std::int64_t lse_s1, const PrefillOptions& opt, cudaStream_t stream, const char* fn) {
+    PrefillArgs a;
+    prefill_common(q, k, v, out, opt, a, fn);
+    a.hp = a.G;
+    a.n_rows = static_cast<int>(q.shape[0]);
+    a.q_offset = static_cast<int>(k.shape[0] - q.shape[0]);
+    a.lse = lse;
+    a.lse_s0 = lse_s0;
+    a.lse_s1 = lse_s1;
+    const auto m = static_cast<std::int64_t>(a.n_rows) * a.hp;
+    const dim3 grid(static_cast<unsigned>((m + kPrefillRows - 1) / kPrefillRows), static_cast<unsigned>(a.Hkv));
+    launch_prefill<T, TO>(a, static_cast<int>(q.shape[2]), grid, opt, stream, fn);
+}
+
+}  // namespace detail
+
 // Dense causal prefill: query row i (position n_k - n_q + i) attends to keys 0 .. its position.
 template <ElementType T, OutputElement TO>
     requires ElementType<TO>
 void dense_prefill_attention(View3<const T> q, View3<const T> k, View3<const T> v, View3<TO> out,
                              const PrefillOptions& opt = {}, cudaStream_t stream = nullptr) {
+    detail::dense_prefill(q, k, v, out, nullptr, 0, 0, opt, stream, "cuda::dense_prefill_attention");
+}
+
+// The same, also writing each row's log-sum-exp into lse [n_q, H] (fp32, any strides, not aliasing q, k, v
+// or out): lse[i, h] = ln sum_{j <= pos(i)} exp(scale q_{i,h} . k_{j,g}), from the kernel's own running
+// maximum and sum (FlashAttention's softmax_lse). With it, exp(scale q . k_j - lse[i, h]) is row i's
+// probability of key j: a later pass over a few keys needs no pass over all of them (A-VL's text budget,
+// AvlSelector::select with row statistics). Costs one store per row.
+template <ElementType T, OutputElement TO>
+    requires ElementType<TO>
+void dense_prefill_attention(View3<const T> q, View3<const T> k, View3<const T> v, View3<TO> out, View2<float> lse,
+                             const PrefillOptions& opt = {}, cudaStream_t stream = nullptr) {
     constexpr const char* fn = "cuda::dense_prefill_attention";
-    detail::PrefillArgs a;
-    detail::prefill_common(q, k, v, out, opt, a, fn);
-    a.hp = a.G;
-    a.n_rows = static_cast<int>(q.shape[0]);
-    a.q_offset = static_cast<int>(k.shape[0] - q.shape[0]);
-    const auto m = static_cast<std::int64_t>(a.n_rows) * a.hp;
-    const dim3 grid(static_cast<unsigned>((m + detail::kPrefillRows - 1) / detail::kPrefillRows),
-                    static_cast<unsigned>(a.Hkv));
-    detail::launch_prefill<T, TO>(a, static_cast<int>(q.shape[2]), grid, opt, stream, fn);
+    using ::vlsparse::detail::require;
+    require(lse.shape[0] == q.shape[0] && lse.shape[1] == q.shape[1], fn, "lse has shape [", lse.shape[0], ", ",
+            lse.shape[1], "], expected [", q.shape[0], ", ", q.shape[1], "] (n_q, H)");
+    ::vlsparse::detail::check_strides(lse, fn, "lse", true);
+    ::vlsparse::detail::check_no_alias(lse, q, fn, "lse", "q");
+    ::vlsparse::detail::check_no_alias(lse, k, fn, "lse", "k");
+    ::vlsparse::detail::check_no_alias(lse, v, fn, "lse", "v");
+    ::vlsparse::detail::check_no_alias(lse, out, fn, "lse", "out");
+    detail::dense_prefill(q, k, v, out, lse.data, lse.stride[0], lse.stride[1], opt, stream, fn);
 }
 
 namespace detail {

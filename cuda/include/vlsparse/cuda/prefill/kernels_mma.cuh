@@ -143,6 +143,11 @@ struct PrefillArgs {
     const PrefillSegment* segs = nullptr;
     DeviceMask mask;
     int* status = nullptr;      // bit 1: a non-finite output
+    // Optional: each row's log-sum-exp (natural log of sum_j exp(scale q . k_j) over the keys it saw, -inf for
+    // none) at lse[r * lse_s0 + h * lse_s1], r the row of out. What FlashAttention calls softmax_lse: the row
+    // statistics a second pass over some keys needs to turn scores into probabilities (A-VL's text budget).
+    float* lse = nullptr;
+    std::int64_t lse_s0 = 0, lse_s1 = 0;
     // The bulk tensor copy (wgmma path only): K and V as 3-D tensor maps {d, n_k, H_kv} of 64 x 64 boxes
     // with the 128-byte swizzle (one box per 64-column plane of a tile). tma = 1: every whole tile whose
     // entries are positions (dense, block-sparse without key metadata) is copied by one thread through
@@ -1030,6 +1035,9 @@ __global__ void __launch_bounds__(WG ? kPrefillThreadsWS : kPrefillThreads, 1) p
         l += __shfl_xor_sync(0xffffffffu, l, 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);
         if (qpos[rr] < 0) continue;
+        if (a.lse && (lane & 3) == 0)
+            a.lse[static_cast<std::int64_t>(qpos[rr] - a.q_offset) * a.lse_s0 + static_cast<std::int64_t>(qhead[rr]) * a.lse_s1] =
+                l > 0.0f ? (mrow[rr] + log2f(l)) * 0.6931471805599453f : -INFINITY;
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
         TO* dst = static_cast<TO*>(a.out) + static_cast<std::int64_t>(qpos[rr] - a.q_offset) * a.o_s0 +
                   static_cast<std::int64_t>(qhead[rr]) * a.o_s1;

@@ -154,6 +154,9 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_simt_kernel(const Pre
 #pragma unroll
         for (int r = 0; r < S::R; ++r) {
             if (pos[r] < 0) continue;
+            if (a.lse && lane == 0)
+                a.lse[static_cast<std::int64_t>(pos[r] - a.q_offset) * a.lse_s0 + static_cast<std::int64_t>(head[r]) * a.lse_s1] =
+                    l[r] > 0.0f ? (m[r] + log2f(l[r])) * 0.6931471805599453f : -INFINITY;
             const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
             TO* dst = static_cast<TO*>(a.out) + static_cast<std::int64_t>(pos[r] - a.q_offset) * a.o_s0 +
                       static_cast<std::int64_t>(head[r]) * a.o_s1;
