@@ -21,6 +21,7 @@
 #include <vlsparse/reference/baselines_golden.hpp>
 
 #include "../test_core.hpp"
+#include "row_lse.hpp"
 
 using namespace vlsparse;
 using Catch::Matchers::Contains;
@@ -207,6 +208,10 @@ void device_select_case(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::i
     const Layout layout = Layout::parse(spec);
     REQUIRE(layout.n() == n);
     INFO("n " << n << " H " << H << " H_kv " << Hkv << " d " << d << " layout " << spec << " zero q " << zero_q);
+    const std::vector<float> lse = n <= 5000 ? vt::row_lse_of(View3<const T>(q.data(), {n, H, d}), View3<const T>(k.data(), {n, Hkv, d}))
+                                             : std::vector<float>(static_cast<std::size_t>(n * H), 0.0f);
+    const cuda::DeviceArray<float> lse_d(lse);
+    const View2<const float> lse_v(lse_d.data(), {n, H});
     for (auto groups : {BaselineGroups::kv_head, BaselineGroups::layer}) {
         for (double heavy : {0.0, 0.1, 0.37, 0.9}) {
             H2OParams P;
@@ -220,6 +225,15 @@ void device_select_case(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::i
             INFO("h2o heavy " << heavy);
             REQUIRE(got.indices == want.indices);
             REQUIRE(got.scores == want.scores);
+            // With the rows' statistics given (row_lse, pass 1 skipped): scores within the score tolerance
+            // of the ones above, and the lists exactly what the CPU rule keeps on them.
+            // (The host's row_lse costs n^2 H d: up to 5000 rows.)
+            if (n <= 5000) {
+                sc.fill_workspace(0xff);
+                const TokenSelection gl = sc.h2o_device_select(qv, kv, lse_v, P).to_host();
+                check_close(gl.scores, host_scores, "H2O score with row_lse given");
+                REQUIRE(gl.indices == h2o_select_from_scores(gl.scores, P).indices);
+            }
         }
         for (double cap : {0.05, 0.3, 0.75, 1.0}) {
             SnapKVParams P;
@@ -323,4 +337,14 @@ TEST_CASE("cuda baselines: device selection errors", "[cuda][baselines][device_s
     REQUIRE_THROWS_WITH(sc.h2o_device_select(View3<const float>(qbd.data(), {n, H, d}), View3<const float>(kbd.data(), {n, Hkv, d}), P),
                         Contains("not finite"));
     REQUIRE(sc.h2o_device_select(qv, kv, P).indptr.back() == 2 * 16);  // still usable: 8 heavy + 8 recent per KV head
+    {  // row_lse: NaN in it, its shape, a null view
+        std::vector<float> lse(static_cast<std::size_t>(n * H), 2.0f);
+        lse[static_cast<std::size_t>(33 * H + 2)] = std::nanf("");
+        const cuda::DeviceArray<float> lsed(lse);
+        REQUIRE_THROWS_WITH(sc.h2o_device_select(qv, kv, View2<const float>(lsed.data(), {n, H}), P), Contains("row_lse holds NaN or Inf"));
+        REQUIRE_THROWS_WITH(sc.h2o_device_select(qv, kv, View2<const float>(lsed.data(), {n, H + 1}), P),
+                            Contains("row_lse has shape [64, 5], expected [64, 4]"));
+        REQUIRE_THROWS_WITH(sc.h2o_device_select(qv, kv, View2<const float>(nullptr, {n, H}), P), Contains("row_lse is a null view"));
+        REQUIRE(sc.h2o_device_select(qv, kv, P).indptr.back() == 2 * 16);  // still usable
+    }
 }

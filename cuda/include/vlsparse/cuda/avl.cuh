@@ -33,7 +33,9 @@
 //
 // The text budget (text_rate > 0: H2O for text, avl_text_h2o) is ranked on the device as well: H2O's
 // accumulated attention of every present row (the probe column sums of all rows, per KV head or per
-// query head; as costly as H2O's own scoring), and one kept list per KV head, which the decode schedule
+// query head; as costly as H2O's own scoring, unless the rows' log-sum-exp from the layer's prefill is
+// given -- select(q, k, row_lse, ...): then only the key blocks of older text tokens are scored), and one
+// kept list per KV head, which the decode schedule
 // takes as it is (a step's lists one per KV head; the re-rank sums each kept image row's probability
 // over the lists).
 // Include: this header, from a .cu translation unit (nvcc, C++20).
@@ -255,7 +257,33 @@ public:
     const DeviceAvlSelection& select(View3<const TQ> q, View3<const TK> k, const Layout& layout, const AvlParams& P,
                                      std::span<const std::int64_t> present = {}, cudaStream_t stream = 0,
                                      const AttentionOptions& opt = {}) {
+        return select_impl(q, k, nullptr, layout, P, present, stream, opt, "cuda::avl_select");
+    }
+
+    // The same, with each row's log-sum-exp of the layer's dense causal attention given: row_lse [m, H]
+    // (fp32, device; natural log of sum_{j <= i} exp(scale q_{i,h} . k_{j,g}), over the present rows as q
+    // holds them) -- what cuda::dense_prefill_attention writes with its lse argument, or FlashAttention's
+    // softmax_lse. The text budget's H2O scores then need no pass over every key to normalize the rows:
+    // only the 128-key blocks that hold an older text token are scored (text_scores is 0 in the other
+    // blocks), a few percent of the prefill's work for a prompt mostly of image tokens, instead of as much
+    // as the prefill. Without the text budget row_lse is not read.
+    template <ElementType TQ, ElementType TK>
+    const DeviceAvlSelection& select(View3<const TQ> q, View3<const TK> k, View2<const float> row_lse, const Layout& layout,
+                                     const AvlParams& P, std::span<const std::int64_t> present = {},
+                                     cudaStream_t stream = 0, const AttentionOptions& opt = {}) {
         constexpr const char* fn = "cuda::avl_select";
+        detail::require(row_lse.data != nullptr, fn, "row_lse is a null view (the overload without it computes the rows' statistics)");
+        detail::require(row_lse.shape[0] == q.shape[0] && row_lse.shape[1] == q.shape[1], fn, "row_lse has shape [",
+                        row_lse.shape[0], ", ", row_lse.shape[1], "], expected [", q.shape[0], ", ", q.shape[1], "] (rows of q, H)");
+        ::vlsparse::detail::check_strides(row_lse, fn, "row_lse", false);
+        return select_impl(q, k, &row_lse, layout, P, present, stream, opt, fn);
+    }
+
+private:
+    template <ElementType TQ, ElementType TK>
+    const DeviceAvlSelection& select_impl(View3<const TQ> q, View3<const TK> k, const View2<const float>* row_lse,
+                                          const Layout& layout, const AvlParams& P, std::span<const std::int64_t> present,
+                                          cudaStream_t stream, const AttentionOptions& opt, const char* fn) {
         P.validate(fn);
         const std::vector<std::int64_t> pr = prepare(q, k, layout, present, opt, stream, fn);
         DeviceAvlSelection& r = res_;
@@ -284,7 +312,18 @@ public:
             older.assign(static_cast<std::size_t>(r.n), 0);
             for (std::int64_t i = 0; i < seen; ++i)
                 (i < seen - recent ? older : other)[static_cast<std::size_t>(tx[static_cast<std::size_t>(i)])] = 1;
-            text_scores(q, k, P.text_groups, opt, stream, fn);
+            // With the rows' statistics given: the 128-key blocks (in q / k's row space) that hold an older
+            // text token, the only columns ranked.
+            std::vector<std::int32_t> blocks;
+            if (row_lse) {
+                for (std::int64_t i = 0; i < seen - recent; ++i) {
+                    const std::int64_t p = tx[static_cast<std::size_t>(i)];
+                    const std::int64_t row = present.empty() ? p : std::lower_bound(pr.begin(), pr.end(), p) - pr.begin();
+                    const auto b = static_cast<std::int32_t>(row / detail::kProbeColTile);
+                    if (blocks.empty() || blocks.back() != b) blocks.push_back(b);
+                }
+            }
+            text_scores(q, k, row_lse, blocks, P.text_groups, opt, stream, fn);
         }
         kept_.begin(text ? Hkv : 1, r.n, 0, 0, other, stream, fn);
         core_.begin(1, r.n, 0, 0, {}, stream, fn);
@@ -324,6 +363,7 @@ public:
         return r;
     }
 
+public:
     // The prefill filter: the present non-image positions plus each span's top floor((1 - prefill_filter)
     // len) present image positions (avl_prefill_filter). One list.
     template <ElementType TQ, ElementType TK>
@@ -409,9 +449,10 @@ private:
     // H2O's accumulated attention of every present row (the text budget) into text_scores_ [T][n]: the
     // probe column sums of all m rows, per KV head (one run), or per query head (one run per head over
     // that head's q and its KV head's k). Each run's status word joins status_ (the last row's).
+    // With row_lse (the rows' statistics given): pass 2 only, over the key blocks `blocks` (row space).
     template <ElementType TQ, ElementType TK>
-    void text_scores(View3<const TQ> q, View3<const TK> k, AvlTextGroups groups, const AttentionOptions& opt,
-                     cudaStream_t stream, const char* fn) {
+    void text_scores(View3<const TQ> q, View3<const TK> k, const View2<const float>* row_lse, std::span<const std::int32_t> blocks,
+                     AvlTextGroups groups, const AttentionOptions& opt, cudaStream_t stream, const char* fn) {
         const std::int64_t m = q.shape[0], H = q.shape[1], d = q.shape[2], Hkv = k.shape[1], n = n_;
         const bool per_head = groups == AvlTextGroups::per_query_head;
         const std::int64_t T = per_head ? H : Hkv;
@@ -429,15 +470,25 @@ private:
             detail::launch_dependent(detail::avl_or_status_kernel<>, 1, 32, 0, stream, fn, "avl_or_status_kernel",
                                      static_cast<const int*>(pc.status), status_);
         };
+        if (row_lse && blocks.empty()) {  // no older text token: nothing is ranked, every score 0
+            detail::check_cuda(cudaMemsetAsync(text_scores_, 0, static_cast<std::size_t>(T * n) * 4, stream), fn, "cudaMemsetAsync");
+            return;
+        }
+        auto stats = [&](std::int64_t h) {
+            return row_lse ? detail::ProbeRowLse{row_lse->data + h * row_lse->stride[1], row_lse->stride[0], row_lse->stride[1]}
+                           : detail::ProbeRowLse{};
+        };
         if (!per_head) {
-            one_run(text_probe_.run(q, k, std::span<const std::int64_t>(rows), scale, stream, fn), static_cast<int>(Hkv), 0);
+            one_run(text_probe_.run(q, k, std::span<const std::int64_t>(rows), scale, stream, fn, stats(0), blocks),
+                    static_cast<int>(Hkv), 0);
             return;
         }
         const std::int64_t qpk = H / Hkv;
         for (std::int64_t h = 0; h < H; ++h) {
             const View3<const TQ> qh(q.row(0, h), {m, 1, d}, q.stride);
             const View3<const TK> kh(k.row(0, h / qpk), {m, 1, d}, k.stride);
-            one_run(text_probe_.run(qh, kh, std::span<const std::int64_t>(rows), scale, stream, fn), 1, static_cast<int>(h));
+            one_run(text_probe_.run(qh, kh, std::span<const std::int64_t>(rows), scale, stream, fn, stats(h), blocks), 1,
+                    static_cast<int>(h));
         }
     }
 
@@ -453,6 +504,7 @@ private:
         detail::require((b.extra_status() & detail::kInputNonFinite) == 0, fn,
                         every_row ? "q or k holds NaN or Inf (the text budget scores every row of q)"
                                   : "q or k holds NaN or Inf (in k, or in the last row of q)");
+        detail::require((b.extra_status() & detail::kRowLseBad) == 0, fn, "row_lse holds NaN or Inf (in a row the text budget scores)");
         detail::require((b.status() & detail::kScoreBad) == 0, fn,
                         "a score is not finite: an fp32 overflow of a logit (inputs too large for the scale)");
         DeviceSelection r = b.result();

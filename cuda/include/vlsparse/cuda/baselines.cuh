@@ -155,14 +155,37 @@ public:
     template <ElementType TQ, ElementType TK>
     const DeviceSelection& h2o_device_select(View3<const TQ> q, View3<const TK> k, const H2OParams& P,
                                              cudaStream_t stream = 0) {
+        return h2o_device_select_impl(q, k, {}, P, stream, "cuda::h2o_device_select");
+    }
+
+    // The same, with each row's log-sum-exp of the layer's causal attention given: row_lse [n, H] (fp32,
+    // device; natural log, what cuda::dense_prefill_attention writes with its lse argument, or
+    // FlashAttention's softmax_lse, for the same scale). The rows' statistics pass over every key is then
+    // skipped: about half the work (every row's logits once instead of twice), and no 8 bytes per (row,
+    // 128 keys) of workspace. K is then not checked for NaN / Inf (a non-finite score still is an error).
+    template <ElementType TQ, ElementType TK>
+    const DeviceSelection& h2o_device_select(View3<const TQ> q, View3<const TK> k, View2<const float> row_lse,
+                                             const H2OParams& P, cudaStream_t stream = 0) {
         constexpr const char* fn = "cuda::h2o_device_select";
+        detail::require(row_lse.data != nullptr, fn, "row_lse is a null view (the overload without it computes the rows' statistics)");
+        detail::require(row_lse.shape[0] == q.shape[0] && row_lse.shape[1] == q.shape[1], fn, "row_lse has shape [",
+                        row_lse.shape[0], ", ", row_lse.shape[1], "], expected [", q.shape[0], ", ", q.shape[1], "] (n, H)");
+        ::vlsparse::detail::check_strides(row_lse, fn, "row_lse", false);
+        return h2o_device_select_impl(q, k, detail::ProbeRowLse{row_lse.data, row_lse.stride[0], row_lse.stride[1]}, P,
+                                      stream, fn);
+    }
+
+private:
+    template <ElementType TQ, ElementType TK>
+    const DeviceSelection& h2o_device_select_impl(View3<const TQ> q, View3<const TK> k, detail::ProbeRowLse row_lse,
+                                                  const H2OParams& P, cudaStream_t stream, const char* fn) {
         P.validate(fn);
         check(q, k, fn);
         const std::int64_t n = q.shape[0];
         std::vector<std::int64_t> rows(static_cast<std::size_t>(n));
         std::iota(rows.begin(), rows.end(), std::int64_t{0});
         const DeviceScores ds = device_scores(q, k, rows, P.groups == BaselineGroups::kv_head, n, P.attention(), -1, 0,
-                                              stream, fn);
+                                              stream, fn, row_lse);
         const std::int64_t heavy = P.heavy.resolve(n), recent = std::min(P.recent.resolve(n), n);
         const bool all = heavy + recent >= n;
         lists_.begin(ds.G, n, all ? 0 : n - recent, n, {}, stream, fn);
@@ -171,6 +194,7 @@ public:
         return finish_scored(ds, 1.0, {}, stream, fn);
     }
 
+public:
     // SnapKV: per group, the window plus the top capacity - window prefix positions by pooled window
     // attention (everything when n <= capacity). Scores: the pooled scores (0 on the window).
     template <ElementType TQ, ElementType TK>
@@ -275,11 +299,11 @@ private:
     template <ElementType TQ, ElementType TK>
     DeviceScores device_scores(View3<const TQ> q, View3<const TK> k, const std::vector<std::int64_t>& rows,
                                bool per_kv_head, std::int64_t L, const AttentionOptions& opt, int pool_mode, int kernel,
-                               cudaStream_t stream, const char* fn) {
+                               cudaStream_t stream, const char* fn, detail::ProbeRowLse row_lse = {}) {
         const std::int64_t n = q.shape[0], d = q.shape[2], Hkv = k.shape[1];
         const std::int64_t G = per_kv_head ? Hkv : 1;
         const double scale = ::vlsparse::detail::resolve_scale(opt, d, fn);
-        const detail::ProbeColumnsResult pc = probe_.run(q, k, std::span<const std::int64_t>(rows), scale, stream, fn);
+        const detail::ProbeColumnsResult pc = probe_.run(q, k, std::span<const std::int64_t>(rows), scale, stream, fn, row_lse);
         const std::size_t b = detail::align256(static_cast<std::size_t>(std::max<std::int64_t>(G * L, 1)) * 4);
         auto* sums = static_cast<float*>(work_.get(2 * b, fn));
         float* pooled = sums + b / 4;
@@ -327,6 +351,7 @@ private:
     static void check_status(int probe_status, int list_status, const char* fn) {
         detail::require((probe_status & detail::kInputNonFinite) == 0, fn,
                         "q or k holds NaN or Inf (in k, or in a query row whose attention is scored)");
+        detail::require((probe_status & detail::kRowLseBad) == 0, fn, "row_lse holds NaN or Inf");
         detail::require((list_status & detail::kScoreBad) == 0, fn,
                         "a score is not finite: an fp32 overflow of a logit (inputs too large for the scale)");
     }

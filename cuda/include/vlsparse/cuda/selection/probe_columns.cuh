@@ -96,14 +96,27 @@ private:
 
 inline std::size_t align256(std::size_t b) { return (b + 255) / 256 * 256; }
 
+// The caller's row statistics into lse (ProbeArgs::row_lse), in place of pass 1 and its lse merge.
+inline void launch_probe_lse_ext(ProbeArgs& a, cudaStream_t stream, const char* fn) {
+    const std::int64_t total = static_cast<std::int64_t>(a.Hkv) * a.qpk * a.npc * 16;
+    launch_dependent(probe_lse_ext_kernel<>, static_cast<unsigned>((total + 255) / 256), 256, 0, stream, fn,
+                     "probe_lse_ext_kernel", a);
+}
+
 // The tensor-core probe passes: the packing of q's probe rows (`pack_total` threads), pass 1, the lse
 // merge, pass 2 (grid: key blocks x rsplit, H_kv). Both paths (mma.sync, wgmma) launch this chain.
 template <class Pack, class Pass>
 void launch_probe_chain(ProbeArgs& a, Pack* pack, std::int64_t pack_total, Pass* pass1, Pass* pass2, int threads,
                         std::size_t shm, const char* const (&names)[3], cudaStream_t stream, const char* fn) {
     launch_dependent(pack, static_cast<unsigned>((pack_total + 255) / 256), 256, 0, stream, fn, names[0], a);
-    const dim3 grid(static_cast<unsigned>(((a.n + kProbeColTile - 1) / kProbeColTile) * a.rsplit), static_cast<unsigned>(a.Hkv));
+    const unsigned ncb = static_cast<unsigned>((a.n + kProbeColTile - 1) / kProbeColTile);
     for (int pass = 1; pass <= 2; ++pass) {
+        if (pass == 1 && a.row_lse) {  // the caller's row statistics instead of pass 1
+            launch_probe_lse_ext(a, stream, fn);
+            continue;
+        }
+        const dim3 grid((pass == 2 && a.key_blocks ? static_cast<unsigned>(a.n_key_blocks) : ncb) * a.rsplit,
+                        static_cast<unsigned>(a.Hkv));
         Pass* k = pass == 1 ? pass1 : pass2;
         check_cuda(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm)), fn,
                    "cudaFuncSetAttribute");
@@ -155,7 +168,9 @@ inline void launch_probe_simt(ProbeArgs& a, cudaStream_t stream, const char* fn)
         launch_dependent(probe_pack_simt_kernel<>, static_cast<unsigned>((total + 255) / 256), 256, 0, stream, fn,
                          "probe_pack_simt_kernel", a);
     }
-    {
+    if (a.row_lse) {
+        launch_probe_lse_ext(a, stream, fn);
+    } else {
         const std::size_t shm = static_cast<std::size_t>(4 * a.d) * sizeof(float);
         launch_dependent(probe_pass1_simt_kernel<>, static_cast<unsigned>((rows * a.Hkv + 3) / 4), kProbeThreads, shm,
                          stream, fn, "probe_pass1_simt_kernel", a);
@@ -165,7 +180,9 @@ inline void launch_probe_simt(ProbeArgs& a, cudaStream_t stream, const char* fn)
         auto* k2 = probe_pass2_simt_kernel<>;
         check_cuda(cudaFuncSetAttribute(k2, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm)), fn,
                    "cudaFuncSetAttribute");
-        const dim3 grid(static_cast<unsigned>((a.n + kProbeSimtCols - 1) / kProbeSimtCols), static_cast<unsigned>(a.Hkv));
+        const dim3 grid(a.key_blocks ? static_cast<unsigned>(a.n_key_blocks) * (kProbeColTile / kProbeSimtCols)
+                                     : static_cast<unsigned>((a.n + kProbeSimtCols - 1) / kProbeSimtCols),
+                        static_cast<unsigned>(a.Hkv));
         launch_dependent(k2, grid, kProbeSimtCols, shm, stream, fn, "probe_pass2_simt_kernel", a);
     }
 }
@@ -195,6 +212,13 @@ __global__ void group_column_sums_kernel(const float* col, int rsplit, int Hkv, 
     }
 }
 
+// Row statistics computed elsewhere (ProbeColumns::run): the natural log-sum-exp of query row p, head h at
+// lse[p * s0 + h * s1] (the dense prefill's, cuda::dense_prefill_attention with lse), in place of pass 1.
+struct ProbeRowLse {
+    const float* lse = nullptr;
+    std::int64_t s0 = 0, s1 = 0;
+};
+
 struct ProbeColumnsResult {
     const float* col = nullptr;            // device [rsplit][H_kv][n]
     int rsplit = 1;
@@ -205,9 +229,13 @@ struct ProbeColumnsResult {
 
 class ProbeColumns {
 public:
+    // row_lse: the probe rows' statistics given (pass 1 skipped; K is then not checked for NaN / Inf).
+    // key_blocks: pass 2 over these 128-key blocks only (ascending, unique, in [0, ceil(n / 128))); the
+    // columns of the other blocks are 0 in r.col.
     template <ElementType TQ, ElementType TK>
     ProbeColumnsResult run(View3<const TQ> q, View3<const TK> k, std::span<const std::int64_t> probes, double scale,
-                           cudaStream_t stream, const char* fn) {
+                           cudaStream_t stream, const char* fn, ProbeRowLse row_lse = {},
+                           std::span<const std::int32_t> key_blocks = {}) {
         const std::int64_t n = q.shape[0], H = q.shape[1], d = q.shape[2], Hkv = k.shape[1];
         const auto np = static_cast<std::int64_t>(probes.size());
         constexpr bool same16 = std::is_same_v<std::remove_const_t<TQ>, std::remove_const_t<TK>> && sizeof(TQ) == 2;
@@ -229,16 +257,18 @@ public:
             int dev = 0, sms = 0;
             check_cuda(cudaGetDevice(&dev), fn, "cudaGetDevice");
             check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), fn, "cudaDeviceGetAttribute");
-            const std::int64_t blocks = ((n + kProbeColTile - 1) / kProbeColTile) * Hkv;
+            const std::int64_t blocks =
+                (key_blocks.empty() ? (n + kProbeColTile - 1) / kProbeColTile : static_cast<std::int64_t>(key_blocks.size())) * Hkv;
             // (wgmma: one wave of 2 blocks of 288 threads per multiprocessor is enough: more splits add
-            // blocks whose start -- the key tile, the chunk search -- costs more than their chunks)
+            // blocks whose start -- the key tile, the chunk search -- costs more than their chunks. A few
+            // key blocks of many rows -- A-VL's text columns -- split further.)
             const std::int64_t want = wg ? 2 * sms : 8 * sms;
-            rsplit = static_cast<int>(std::clamp<std::int64_t>((want + blocks - 1) / blocks, 1, 8));
+            rsplit = static_cast<int>(std::clamp<std::int64_t>((want + blocks - 1) / blocks, 1, key_blocks.empty() ? 8 : 32));
         }
         const std::size_t b_q = mma ? align256(static_cast<std::size_t>(Hkv * qpk * npc * ((d <= 64 ? 64 : 128) / 16) * 32) * 16)
                                     : align256(static_cast<std::size_t>(Hkv * rows * d) * 4);
         const std::int64_t ncb = (n + kProbeColTile - 1) / kProbeColTile;
-        const std::size_t b_part = mma ? align256(static_cast<std::size_t>(Hkv * rows * ncb) * 8) : 0;
+        const std::size_t b_part = mma && !row_lse.lse ? align256(static_cast<std::size_t>(Hkv * rows * ncb) * 8) : 0;
         const std::size_t b_lse = align256(static_cast<std::size_t>(Hkv * rows) * 4);
         const std::size_t b_col = align256(static_cast<std::size_t>(rsplit * Hkv * n) * 4);
         // wgmma: a KV head's chunk rows in one of two layouts (probe_scores.cuh, above kProbeWgRows):
@@ -277,14 +307,16 @@ public:
         const std::size_t b_first = wg ? align256(static_cast<std::size_t>(ncb) * 4) : 0;
         const std::size_t b_probes = align256(static_cast<std::size_t>(np) * 4);
         const std::size_t b_status = 256;
+        const std::size_t b_kb = align256(key_blocks.size() * 4);
         const std::size_t b_wrows = wg ? align256(static_cast<std::size_t>(rows) * 4) : 0;
-        const std::size_t up = b_pos + b_cmax + b_first + b_probes + b_status;
+        const std::size_t up = b_pos + b_cmax + b_first + b_probes + b_status + b_kb;
         char* base = static_cast<char*>(work_.get(up + b_wrows + b_q + b_part + b_lse + b_col, fn));
         auto* pos_d = reinterpret_cast<std::int32_t*>(base);
         auto* cmax_d = reinterpret_cast<std::int32_t*>(base + b_pos);
         auto* first_d = reinterpret_cast<std::int32_t*>(base + b_pos + b_cmax);
         auto* probes_d = reinterpret_cast<std::int32_t*>(base + b_pos + b_cmax + b_first);
         int* status_d = reinterpret_cast<int*>(base + b_pos + b_cmax + b_first + b_probes);
+        auto* kb_d = reinterpret_cast<std::int32_t*>(base + b_pos + b_cmax + b_first + b_probes + b_status);
         auto* wpos_d = reinterpret_cast<std::int32_t*>(base + up);
         char* at = base + up + b_wrows;
         void* qbuf = at;
@@ -313,6 +345,8 @@ public:
         auto* probes_h = reinterpret_cast<std::int32_t*>(h + b_pos + b_cmax + b_first);
         for (std::int64_t i = 0; i < np; ++i) probes_h[i] = static_cast<std::int32_t>(probes[static_cast<std::size_t>(i)]);
         std::memset(h + b_pos + b_cmax + b_first + b_probes, 0, b_status);
+        if (!key_blocks.empty())
+            std::memcpy(h + b_pos + b_cmax + b_first + b_probes + b_status, key_blocks.data(), key_blocks.size() * 4);
         check_cuda(cudaMemcpyAsync(base, h, up, cudaMemcpyHostToDevice, stream), fn, "cudaMemcpyAsync");
         staging_.mark(stream, fn);
 
@@ -352,6 +386,14 @@ public:
         a.col = col_d;
         a.status = status_d;
         a.rsplit = rsplit;
+        a.row_lse = row_lse.lse;
+        a.row_lse_s0 = row_lse.s0;
+        a.row_lse_s1 = row_lse.s1;
+        if (!key_blocks.empty()) {
+            a.key_blocks = kb_d;
+            a.n_key_blocks = static_cast<int>(key_blocks.size());
+            check_cuda(cudaMemsetAsync(col_d, 0, b_col, stream), fn, "cudaMemsetAsync");
+        }
         if (mma) {
             a.qpack = static_cast<const uint4*>(qbuf);
             if constexpr (same16) {

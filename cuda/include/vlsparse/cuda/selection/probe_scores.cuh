@@ -50,6 +50,7 @@ inline constexpr int kProbeKeyTile = 64;   // keys per pass-1 tile
 inline constexpr int kProbeColTile = 128;  // keys per pass-2 block (tensor cores)
 inline constexpr int kProbeSimtCols = 64;  // keys per pass-2 block (CUDA cores)
 inline constexpr int kInputNonFinite = 2;  // status bit: NaN / Inf in what the selection reads
+inline constexpr int kRowLseBad = 32;      // status bit: a row statistic given by the caller is NaN / Inf
 
 // What both passes read. Positions and chunk maxima describe one head's padded probe list; every head
 // of every KV head shares them.
@@ -86,7 +87,21 @@ struct ProbeArgs {
     float* col = nullptr;                  // [rsplit][H_kv][n] (tensor cores), [H_kv][n] (CUDA cores)
     int rsplit = 1;                        // tensor cores: the active chunks of a key block are shared
                                            // out over rsplit blocks (adjacent in grid.x), for parallelism at small n
+    // Row statistics from the caller instead of pass 1 (null: pass 1 runs): row_lse[p * s0 + h * s1] is the
+    // natural log-sum-exp of probe p, query head h (a prefill's softmax_lse), turned into lse by
+    // probe_lse_ext_kernel. K's elements are then checked by no pass (pass 2 does not check them).
+    const float* row_lse = nullptr;
+    std::int64_t row_lse_s0 = 0, row_lse_s1 = 0;
+    // Pass 2 over some key blocks only (null: all): grid.x covers n_key_blocks x rsplit and block x takes
+    // the 128-key block key_blocks[x / rsplit] (ascending, unique). Columns of other blocks are not written.
+    const std::int32_t* key_blocks = nullptr;
+    int n_key_blocks = 0;
 };
+
+// The 128-key block that block x of a pass-2 grid of nkb x rsplit owns.
+__device__ __forceinline__ int probe_key_block(const ProbeArgs& a, int x) {
+    return a.key_blocks ? a.key_blocks[x / a.rsplit] : x / a.rsplit;
+}
 
 // ---- small device helpers ---------------------------------------------------------------------------
 
@@ -257,7 +272,7 @@ __global__ void __launch_bounds__(kProbeThreads, Pass1 ? kProbeBlocksPerSM : 4) 
     // (grid x: key block x row split, the splits of one key block next to each other, so that the
     // siblings' reads of the same K tile meet in L2 instead of going to memory rsplit times)
     const int g = blockIdx.y;
-    const int kb = static_cast<int>(blockIdx.x) / a.rsplit;
+    const int kb = Pass1 ? static_cast<int>(blockIdx.x) / a.rsplit : probe_key_block(a, static_cast<int>(blockIdx.x));
     const int col0 = kb * kProbeColTile;
     const int key0 = col0 + 32 * warp;
     const int chunks = a.qpk * a.npc;
@@ -638,7 +653,8 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
     const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wi = (tid >> 5) & 3;
     const int gq = lane >> 2, tq = lane & 3;
     const int g = blockIdx.y, R = a.rsplit;
-    const int kb = static_cast<int>(blockIdx.x) / R, z = static_cast<int>(blockIdx.x) % R;
+    const int kb = Pass1 ? static_cast<int>(blockIdx.x) / R : probe_key_block(a, static_cast<int>(blockIdx.x)),
+              z = static_cast<int>(blockIdx.x) % R;
     const int col0 = kb * kProbeColTile;
     const int nc = a.npc / 4;
     const std::int64_t rows = static_cast<std::int64_t>(a.qpk) * a.npc * 16;
@@ -942,6 +958,36 @@ __global__ void probe_lse_kernel(const ProbeArgs a) {
     if (lane == 0) a.lse[r] = m == -INFINITY ? 0.0f : m + log2f(l);
 }
 
+// The row statistics given by the caller (ProbeArgs::row_lse, natural log) -> lse in the log2 domain, in
+// the rows' layout (the passes' chunk rows on the wgmma path, head-major padded rows otherwise); padding
+// rows get 0, as from probe_lse_kernel. One thread per (KV head, row).
+template <int Unused = 0>
+__global__ void probe_lse_ext_kernel(const ProbeArgs a) {
+    dependent_entry();  // programmatic dependent launch: see common.cuh
+    const std::int64_t rows = static_cast<std::int64_t>(a.qpk) * a.npc * 16;
+    const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= rows * a.Hkv) return;
+    const int g = static_cast<int>(i / rows), r = static_cast<int>(i % rows);
+    int p = -1, hl = 0;
+    if (a.wg_pos) {
+        const ProbeWgRow w = probe_wg_row(a, r, static_cast<int>(rows));
+        p = w.pos;
+        hl = w.head;
+    } else {
+        const int pr = r % (a.npc * 16);
+        hl = r / (a.npc * 16);
+        p = pr < a.n_probes ? a.pos[pr] : -1;
+    }
+    float v = 0.0f;
+    if (p >= 0) {
+        const float x = __ldg(a.row_lse + static_cast<std::int64_t>(p) * a.row_lse_s0 +
+                              static_cast<std::int64_t>(g * a.qpk + hl) * a.row_lse_s1);
+        if (isfinite(x)) v = x * 1.4426950408889634f;
+        else if (a.status) atomicOr(a.status, kRowLseBad);
+    }
+    a.lse[i] = v;
+}
+
 // ---- pass 2 on the CUDA cores: one thread per key -----------------------------------------------------
 
 // Grid: (ceil(n / 64), H_kv), 64 threads. Shared: the block's keys [64][d + 1] and one probe row [d].
@@ -953,7 +999,9 @@ __global__ void __launch_bounds__(kProbeSimtCols) probe_pass2_simt_kernel(const 
     float* ks = reinterpret_cast<float*>(smem);  // [64][d + 1]
     float* qs = ks + kProbeSimtCols * ld;        // [d]
     const int tid = threadIdx.x, g = blockIdx.y;
-    const int col0 = blockIdx.x * kProbeSimtCols;
+    // (a key-block subset: two 64-key blocks per 128-key block)
+    const int col0 = a.key_blocks ? a.key_blocks[blockIdx.x / 2] * kProbeColTile + (blockIdx.x % 2) * kProbeSimtCols
+                                  : blockIdx.x * kProbeSimtCols;
     const int key = col0 + tid;
     for (int i = tid; i < kProbeSimtCols * d; i += kProbeSimtCols) {
         const int r = i / d, c = i % d;
