@@ -30,6 +30,7 @@
 #include <vlsparse/cuda/decode.cuh>
 #include <vlsparse/cuda/baselines.cuh>
 #include <vlsparse/cuda/h2o_decode.cuh>
+#include <vlsparse/cuda/prefill.cuh>
 #include <vlsparse/cuda/purekv.cuh>
 #include <vlsparse/cuda/zipvl.cuh>
 
@@ -126,12 +127,32 @@ int main(int argc, char** argv) {
         std::vector<bfloat16> vh(k);
         cuda::DeviceArray<bfloat16> vd(vh);
         const View3<const bfloat16> vv(vd.data(), {n, Hkv, d});
+        // The layer's dense prefill with and without each row's log-sum-exp (the row statistics H2O and
+        // A-VL's text budget can take from it), timed; its lse kept for those selections.
+        cuda::DeviceArray<float> lsed(static_cast<std::size_t>(want("h2o") || want("avl") ? n * H : 1));
+        const View2<const float> lc(lsed.data(), {n, H});
+        if (want("h2o") || want("avl")) {
+            cuda::DeviceArray<bfloat16> od(static_cast<std::size_t>(n * H * d));
+            const View3<bfloat16> ov(od.data(), {n, H, d});
+            const View2<float> lv(lsed.data(), {n, H});
+            cuda::PrefillOptions po;
+            po.check_finite = false;
+            po.check_inputs = false;
+            const int preps = n > 65536 ? 3 : 7;
+            const double mp = timer.median_us([&] { cuda::dense_prefill_attention(qv, kv, vv, ov, po); }, 1, preps);
+            const double ml = timer.median_us([&] { cuda::dense_prefill_attention(qv, kv, vv, ov, lv, po); }, 1, preps);
+            row("vlsparse_dense_prefill", mp, 1.0, "vlsparse dense causal prefill of the layer (wgmma)");
+            row("vlsparse_dense_prefill_lse", ml, 1.0, "the same, also writing each row's log-sum-exp");
+        }
         if (n <= 32768 && want("h2o")) {
             H2OParams P;
             P.heavy = TokenBudget::ratio(0.1);
             P.recent = TokenBudget::ratio(0.1);
             const double med = timer.median_us([&] { scorer.h2o_device_select(qv, kv, P); }, warmup, reps);
             row("h2o_select", med, scorer.h2o_device_select(qv, kv, P).kept_ratio(), "heavy 10% recent 10% per KV head");
+            const double medl = timer.median_us([&] { scorer.h2o_device_select(qv, kv, lc, P); }, warmup, reps);
+            row("h2o_select_lse", medl, scorer.h2o_device_select(qv, kv, lc, P).kept_ratio(),
+                "as h2o_select, the rows' log-sum-exp from the prefill given (no pass for the row statistics)");
         }
         if (want("snapkv")) {
             SnapKVParams P;
@@ -159,15 +180,22 @@ int main(int argc, char** argv) {
             AvlParams P;  // rate 0.5, compute_rate 0.7: kept and core sets (two list builds)
             const double med = timer.median_us([&] { avl.select(qv, kv, layout, P); }, warmup, reps);
             row("avl_select", med, avl.select(qv, kv, layout, P).kept.kept_ratio(), "rate 0.5 compute_rate 0.7 kept + core sets");
-            if (n <= 32768 && n > 1024) {
-                // The text budget (H2O for the text tokens: every row scored, as H2O's own selection) on a
-                // layout with 512 text tokens around the image.
+            if (n > 1024) {
+                // The text budget (H2O for the text tokens) on a layout with 512 text tokens around the image:
+                // every row scored against every key (as H2O's own selection), and with the rows' log-sum-exp
+                // from the layer's dense prefill (cuda::dense_prefill_attention with lse, run once here and
+                // timed beside the plain prefill): only the key blocks of older text tokens scored.
                 AvlParams PT = P;
                 PT.text_rate = 0.5;
                 const Layout lt = Layout::parse("text:256,image:" + std::to_string(n - 512) + ",text:256");
-                const double medt = timer.median_us([&] { avl.select(qv, kv, lt, PT); }, warmup, reps);
-                row("avl_select_text", medt, avl.select(qv, kv, lt, PT).kept.kept_ratio(),
-                    "rate 0.5 compute_rate 0.7, text budget 0.5 per KV head (text:256,image,text:256)");
+                if (n <= 32768) {
+                    const double medt = timer.median_us([&] { avl.select(qv, kv, lt, PT); }, warmup, reps);
+                    row("avl_select_text", medt, avl.select(qv, kv, lt, PT).kept.kept_ratio(),
+                        "rate 0.5 compute_rate 0.7, text budget 0.5 per KV head (text:256,image,text:256)");
+                }
+                const double medl = timer.median_us([&] { avl.select(qv, kv, lc, lt, PT); }, warmup, reps);
+                row("avl_select_text_lse", medl, avl.select(qv, kv, lc, lt, PT).kept.kept_ratio(),
+                    "as avl_select_text, the rows' log-sum-exp from the prefill given (key blocks of older text only)");
             }
         }
         if (want("decode")) {
