@@ -10,7 +10,7 @@
 // wgmma_runs_here(), below).
 #pragma once
 
-#include <cuda.h>  // CUtensorMap (the bulk tensor copy's descriptor); no driver call is made here
+#include <cuda.h>  // CUtensorMap and its enums (the driver function that encodes one is looked up at run time)
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -28,6 +28,47 @@ namespace vlsparse::cuda::detail {
 #else
 #define VLSPARSE_CUDA_HAS_WGMMA 0
 #endif
+
+// cuTensorMapEncodeTiled, looked up once in the driver through the runtime (no link against libcuda);
+// null when the driver does not provide it.
+using TensorMapEncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                            const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                            CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+inline TensorMapEncodeTiledFn tensor_map_encoder() {
+    static const TensorMapEncodeTiledFn f = [] {
+        void* p = nullptr;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess) {
+            (void)cudaGetLastError();  // (not sticky; cleared so that the next check does not see it)
+            return TensorMapEncodeTiledFn{};
+        }
+        return reinterpret_cast<TensorMapEncodeTiledFn>(p);
+    }();
+    return f;
+}
+
+// K or V [n_k, H_kv, D] (16-bit elements, unit inner stride; row and head strides s0, s1 in elements, multiples
+// of 8 with a 16-byte aligned base: prefill_common checked) as the tensor map the kernel's bulk copies read:
+// dims {D, n_k, H_kv}, boxes of 64 columns x 64 rows x 1 head, 128-byte swizzle (the layout of a tile plane
+// in shared memory), rows past n_k read as zeros. False when the driver refuses it.
+// A [rows, heads, cols] tensor of 16-bit elements (unit inner stride; row and head strides s0, s1 in
+// elements, multiples of 8, 16-byte aligned base) as a 3-D tensor map {cols, rows, heads} of boxes of 64
+// columns x box_rows rows x 1 head, 128-byte swizzle (a tile plane's layout in shared memory:
+// swizzle128_offset), elements out of bounds read as zeros. False when the driver refuses it.
+template <class T>
+bool encode_rows_tensor_map(CUtensorMap& map, const void* base, int cols, int rows, int heads, std::int64_t s0, std::int64_t s1,
+                            int box_rows) {
+    const TensorMapEncodeTiledFn encode = tensor_map_encoder();
+    if (!encode) return false;
+    const CUtensorMapDataType type = std::is_same_v<T, bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    const cuuint64_t dims[3] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows), static_cast<cuuint64_t>(heads)};
+    const cuuint64_t strides[2] = {static_cast<cuuint64_t>(s0) * sizeof(T), static_cast<cuuint64_t>(s1) * sizeof(T)};
+    const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(box_rows), 1};
+    const cuuint32_t estr[3] = {1, 1, 1};
+    return encode(&map, type, 3, const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
 
 // Element offset of 16-byte piece c (8 16-bit elements) of row r in a tile of R rows stored for wgmma's
 // 128-byte swizzle: 64-column planes of R rows x 128 bytes, the piece at (c % 8) ^ (r % 8) of its row

@@ -176,40 +176,9 @@ void prefill_common(View3<const T> q, View3<const T> k, View3<const T> v, View3<
     a.scale_log2 = static_cast<float>(static_cast<double>(scale) * 1.4426950408889634);
 }
 
-// cuTensorMapEncodeTiled, looked up once in the driver through the runtime (no link against libcuda);
-// null when the driver does not provide it.
-using TensorMapEncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                            const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                            CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-inline TensorMapEncodeTiledFn tensor_map_encoder() {
-    static const TensorMapEncodeTiledFn f = [] {
-        void* p = nullptr;
-        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-            q != cudaDriverEntryPointSuccess) {
-            (void)cudaGetLastError();  // (not sticky; cleared so that the next check does not see it)
-            return TensorMapEncodeTiledFn{};
-        }
-        return reinterpret_cast<TensorMapEncodeTiledFn>(p);
-    }();
-    return f;
-}
-
-// K or V [n_k, H_kv, D] (16-bit elements, unit inner stride; row and head strides s0, s1 in elements, multiples
-// of 8 with a 16-byte aligned base: prefill_common checked) as the tensor map the kernel's bulk copies read:
-// dims {D, n_k, H_kv}, boxes of 64 columns x 64 rows x 1 head, 128-byte swizzle (the layout of a tile plane
-// in shared memory), rows past n_k read as zeros. False when the driver refuses it.
 template <class T, int D>
 bool encode_kv_tensor_map(CUtensorMap& map, const void* base, int n_k, int Hkv, std::int64_t s0, std::int64_t s1) {
-    const TensorMapEncodeTiledFn encode = tensor_map_encoder();
-    if (!encode) return false;
-    const CUtensorMapDataType type = std::is_same_v<T, bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    const cuuint64_t dims[3] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(n_k), static_cast<cuuint64_t>(Hkv)};
-    const cuuint64_t strides[2] = {static_cast<cuuint64_t>(s0) * sizeof(T), static_cast<cuuint64_t>(s1) * sizeof(T)};
-    const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(kPrefillKeys), 1};
-    const cuuint32_t estr[3] = {1, 1, 1};
-    return encode(&map, type, 3, const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    return encode_rows_tensor_map<T>(map, base, D, n_k, Hkv, s0, s1, kPrefillKeys);
 }
 
 template <class T, class TO, int D, bool WG>
