@@ -228,12 +228,18 @@ void device_select_case(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::i
             // With the rows' statistics given (row_lse, pass 1 skipped): scores within the score tolerance
             // of the ones above, and the lists exactly what the CPU rule keeps on them.
             // (The host's row_lse costs n^2 H d: up to 5000 rows.)
-            if (n <= 5000) {
-                sc.fill_workspace(0xff);
-                const TokenSelection gl = sc.h2o_device_select(qv, kv, lse_v, P).to_host();
-                check_close(gl.scores, host_scores, "H2O score with row_lse given");
-                REQUIRE(gl.indices == h2o_select_from_scores(gl.scores, P).indices);
-            }
+            // On Hopper with sm_90a code: q's chunks read by the bulk tensor copy (automatic, for d = 64 /
+            // 128) and from the packed copy (path 4), and the merged layout (path 2).
+            if (n <= 5000)
+                for (int path : {0, 4, 2}) {
+                    INFO("row_lse given, probe path " << path);
+                    cuda::detail::probe_path_override().store(path);
+                    sc.fill_workspace(0xff);
+                    const TokenSelection gl = sc.h2o_device_select(qv, kv, lse_v, P).to_host();
+                    check_close(gl.scores, host_scores, "H2O score with row_lse given");
+                    REQUIRE(gl.indices == h2o_select_from_scores(gl.scores, P).indices);
+                }
+            cuda::detail::probe_path_override().store(0);
         }
         for (double cap : {0.05, 0.3, 0.75, 1.0}) {
             SnapKVParams P;

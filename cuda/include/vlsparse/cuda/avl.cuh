@@ -266,7 +266,8 @@ public:
     // softmax_lse. The text budget's H2O scores then need no pass over every key to normalize the rows:
     // only the 128-key blocks that hold an older text token are scored (text_scores is 0 in the other
     // blocks), a few percent of the prefill's work for a prompt mostly of image tokens, instead of as much
-    // as the prefill. Without the text budget row_lse is not read.
+    // as the prefill. The last row's statistics also spare A-VL's own score its pass over every key. K is
+    // then not checked for NaN / Inf as such: a non-finite key gives a non-finite score, still an error.
     template <ElementType TQ, ElementType TK>
     const DeviceAvlSelection& select(View3<const TQ> q, View3<const TK> k, View2<const float> row_lse, const Layout& layout,
                                      const AvlParams& P, std::span<const std::int64_t> present = {},
@@ -285,7 +286,7 @@ private:
                                           const Layout& layout, const AvlParams& P, std::span<const std::int64_t> present,
                                           cudaStream_t stream, const AttentionOptions& opt, const char* fn) {
         P.validate(fn);
-        const std::vector<std::int64_t> pr = prepare(q, k, layout, present, opt, stream, fn);
+        const std::vector<std::int64_t> pr = prepare(q, k, layout, present, opt, stream, fn, row_lse);
         DeviceAvlSelection& r = res_;
         r = DeviceAvlSelection{};
         r.n = layout.n();
@@ -403,7 +404,7 @@ private:
     template <ElementType TQ, ElementType TK>
     std::vector<std::int64_t> prepare(View3<const TQ> q, View3<const TK> k, const Layout& layout,
                                       std::span<const std::int64_t> present, const AttentionOptions& opt,
-                                      cudaStream_t stream, const char* fn) {
+                                      cudaStream_t stream, const char* fn, const View2<const float>* row_lse = nullptr) {
         detail::require(q.data != nullptr && k.data != nullptr, fn, "q or k is a null view");
         ::vlsparse::detail::check_prefill_qk(q, k, fn);
         const std::int64_t n = layout.n(), m = q.shape[0], H = q.shape[1], d = q.shape[2], Hkv = k.shape[1];
@@ -416,7 +417,10 @@ private:
                         present.empty() ? " tokens" : " positions", "; expected one row per present position");
         const double scale = ::vlsparse::detail::resolve_scale(opt, d, fn);
         const std::int64_t last[1] = {m - 1};
-        const detail::ProbeColumnsResult pc = probe_.run(q, k, std::span<const std::int64_t>(last), scale, stream, fn);
+        // (With the rows' statistics given, the last row's too: its probe pass over every key for them goes.)
+        const detail::ProbeColumnsResult pc =
+            probe_.run(q, k, std::span<const std::int64_t>(last), scale, stream, fn,
+                       row_lse ? detail::ProbeRowLse{row_lse->data, row_lse->stride[0], row_lse->stride[1]} : detail::ProbeRowLse{});
         const std::size_t b_sc = detail::align256(static_cast<std::size_t>(n) * 4);
         const std::size_t b_pr = detail::align256(static_cast<std::size_t>(m) * 4);
         char* base = static_cast<char*>(work_.get(b_sc + b_pr, fn));

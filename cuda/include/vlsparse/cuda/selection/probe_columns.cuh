@@ -18,11 +18,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <span>
 #include <type_traits>
+#include <vector>
 
 #include "vlsparse/core/dtype.hpp"
 #include "vlsparse/core/tensor.hpp"
@@ -108,15 +110,14 @@ inline void launch_probe_lse_ext(ProbeArgs& a, cudaStream_t stream, const char* 
 template <class Pack, class Pass>
 void launch_probe_chain(ProbeArgs& a, Pack* pack, std::int64_t pack_total, Pass* pass1, Pass* pass2, int threads,
                         std::size_t shm, const char* const (&names)[3], cudaStream_t stream, const char* fn) {
-    launch_dependent(pack, static_cast<unsigned>((pack_total + 255) / 256), 256, 0, stream, fn, names[0], a);
+    if (!a.q_tma) launch_dependent(pack, static_cast<unsigned>((pack_total + 255) / 256), 256, 0, stream, fn, names[0], a);
     const unsigned ncb = static_cast<unsigned>((a.n + kProbeColTile - 1) / kProbeColTile);
     for (int pass = 1; pass <= 2; ++pass) {
         if (pass == 1 && a.row_lse) {  // the caller's row statistics instead of pass 1
             launch_probe_lse_ext(a, stream, fn);
             continue;
         }
-        const dim3 grid((pass == 2 && a.key_blocks ? static_cast<unsigned>(a.n_key_blocks) : ncb) * a.rsplit,
-                        static_cast<unsigned>(a.Hkv));
+        const dim3 grid(pass == 2 && a.key_splits ? static_cast<unsigned>(a.n_splits) : ncb * a.rsplit, static_cast<unsigned>(a.Hkv));
         Pass* k = pass == 1 ? pass1 : pass2;
         check_cuda(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm)), fn,
                    "cudaFuncSetAttribute");
@@ -155,7 +156,8 @@ void launch_probe_wg(ProbeArgs& a, cudaStream_t stream, const char* fn) {
 // Which tensor-core probe passes run: 0 the automatic choice (wgmma where it runs and the probe rows fill
 // 64-row chunks, else mma.sync; on wgmma, the chunk layout that the (chunk, key block) pairs favour),
 // 1 mma.sync always, 2 / 3 wgmma (where the automatic choice would take it) with the merged / per-head
-// chunk layout. For the tests, which check every path on one GPU; not an API.
+// chunk layout, 4 as 3 but chunks always from the packed copy of q (never read from q by the bulk tensor
+// copy: ProbeArgs::q_tma). For the tests, which check every path on one GPU; not an API.
 inline std::atomic<int>& probe_path_override() {
     static std::atomic<int> v{0};
     return v;
@@ -253,6 +255,7 @@ public:
         // Tensor cores: the chunks of a key block shared out over rsplit blocks when the key blocks alone
         // would leave the GPU short of work (about two waves of 4 blocks per multiprocessor wanted).
         int rsplit = 1;
+        std::vector<int4> splits;  // pass 2 over a key-block subset on the tensor cores: {kb, z, R} per block
         if (mma) {
             int dev = 0, sms = 0;
             check_cuda(cudaGetDevice(&dev), fn, "cudaGetDevice");
@@ -263,14 +266,35 @@ public:
             // blocks whose start -- the key tile, the chunk search -- costs more than their chunks. A few
             // key blocks of many rows -- A-VL's text columns -- split further.)
             const std::int64_t want = wg ? 2 * sms : 8 * sms;
-            rsplit = static_cast<int>(std::clamp<std::int64_t>((want + blocks - 1) / blocks, 1, key_blocks.empty() ? 8 : 32));
+            rsplit = static_cast<int>(std::clamp<std::int64_t>((want + blocks - 1) / blocks, 1, 8));
+            if (!key_blocks.empty()) {
+                // Each key block's share of the wanted blocks by the probes at or after its first key (its
+                // rows; a text block at the prompt's start is seen by every row, one at its end by a few).
+                std::vector<std::int64_t> work(key_blocks.size());
+                std::int64_t total = 0;
+                for (std::size_t i = 0; i < key_blocks.size(); ++i) {
+                    const std::int64_t first_key = static_cast<std::int64_t>(key_blocks[i]) * kProbeColTile;
+                    work[i] = static_cast<std::int64_t>(probes.end() - std::lower_bound(probes.begin(), probes.end(), first_key));
+                    total += work[i];
+                }
+                rsplit = 1;
+                for (std::size_t i = 0; i < key_blocks.size(); ++i) {
+                    const double share = total > 0 ? static_cast<double>(work[i]) / static_cast<double>(total) : 0.0;
+                    const int R = static_cast<int>(std::clamp<std::int64_t>(std::llround(static_cast<double>(want) / static_cast<double>(Hkv) * share), 1, 64));
+                    rsplit = std::max(rsplit, R);
+                    for (int z = 0; z < R; ++z) splits.push_back(make_int4(key_blocks[i], z, R, static_cast<int>(i)));
+                }
+            }
         }
         const std::size_t b_q = mma ? align256(static_cast<std::size_t>(Hkv * qpk * npc * ((d <= 64 ? 64 : 128) / 16) * 32) * 16)
                                     : align256(static_cast<std::size_t>(Hkv * rows * d) * 4);
         const std::int64_t ncb = (n + kProbeColTile - 1) / kProbeColTile;
         const std::size_t b_part = mma && !row_lse.lse ? align256(static_cast<std::size_t>(Hkv * rows * ncb) * 8) : 0;
         const std::size_t b_lse = align256(static_cast<std::size_t>(Hkv * rows) * 4);
-        const std::size_t b_col = align256(static_cast<std::size_t>(rsplit * Hkv * n) * 4);
+        // (a key-block subset on the tensor cores: the columns [H_kv][n], and the splits' partials of the
+        // subset's columns [rsplit][H_kv][n_key_blocks][128], folded into them)
+        const std::size_t b_col = align256(static_cast<std::size_t>((splits.empty() ? rsplit : 1) * Hkv * n) * 4) +
+                                  align256(splits.size() ? static_cast<std::size_t>(rsplit * Hkv) * key_blocks.size() * kProbeColTile * 4 : 0);
         // wgmma: a KV head's chunk rows in one of two layouts (probe_scores.cuh, above kProbeWgRows):
         // merged, its heads' probe rows in position order, or per head. Merged makes a chunk span fewer
         // positions, so the key blocks after its last one skip more chunks; per head walks faster where
@@ -296,7 +320,7 @@ public:
             for (std::int64_t c = 0; c < rows / qpk / kProbeWgRows; ++c) pairs_head += qpk * blocks_seen(wg_chunk_last(true, pad_head, c));
             for (std::int64_t c = 0; c < rows / kProbeWgRows; ++c) pairs_merged += blocks_seen(wg_chunk_last(false, pad_merged, c));
             const int force = probe_path_override().load();
-            per_head = force == 3 || (force != 2 && 10 * pairs_merged > 9 * pairs_head);
+            per_head = force == 3 || force == 4 || (force != 2 && 10 * pairs_merged > 9 * pairs_head);
             wg_pad = static_cast<int>(per_head ? pad_head : pad_merged);
         }
         // Uploaded: (mma.sync) the padded probe positions and each 16-row chunk's last; (wgmma) each key
@@ -307,7 +331,7 @@ public:
         const std::size_t b_first = wg ? align256(static_cast<std::size_t>(ncb) * 4) : 0;
         const std::size_t b_probes = align256(static_cast<std::size_t>(np) * 4);
         const std::size_t b_status = 256;
-        const std::size_t b_kb = align256(key_blocks.size() * 4);
+        const std::size_t b_kb = align256(key_blocks.size() * 4) + align256(splits.size() * sizeof(int4));
         const std::size_t b_wrows = wg ? align256(static_cast<std::size_t>(rows) * 4) : 0;
         const std::size_t up = b_pos + b_cmax + b_first + b_probes + b_status + b_kb;
         char* base = static_cast<char*>(work_.get(up + b_wrows + b_q + b_part + b_lse + b_col, fn));
@@ -317,12 +341,14 @@ public:
         auto* probes_d = reinterpret_cast<std::int32_t*>(base + b_pos + b_cmax + b_first);
         int* status_d = reinterpret_cast<int*>(base + b_pos + b_cmax + b_first + b_probes);
         auto* kb_d = reinterpret_cast<std::int32_t*>(base + b_pos + b_cmax + b_first + b_probes + b_status);
+        auto* ks_d = reinterpret_cast<int4*>(base + b_pos + b_cmax + b_first + b_probes + b_status + align256(key_blocks.size() * 4));
         auto* wpos_d = reinterpret_cast<std::int32_t*>(base + up);
         char* at = base + up + b_wrows;
         void* qbuf = at;
         auto* part_d = reinterpret_cast<float2*>(at + b_q);
         auto* lse_d = reinterpret_cast<float*>(at + b_q + b_part);
         auto* col_d = reinterpret_cast<float*>(at + b_q + b_part + b_lse);
+        float* sub_d = col_d + align256(static_cast<std::size_t>(Hkv * n) * 4) / 4;  // (splits only)
 
         char* h = staging_.get(up, fn);
         if (wg) {
@@ -347,6 +373,9 @@ public:
         std::memset(h + b_pos + b_cmax + b_first + b_probes, 0, b_status);
         if (!key_blocks.empty())
             std::memcpy(h + b_pos + b_cmax + b_first + b_probes + b_status, key_blocks.data(), key_blocks.size() * 4);
+        if (!splits.empty())
+            std::memcpy(h + b_pos + b_cmax + b_first + b_probes + b_status + align256(key_blocks.size() * 4), splits.data(),
+                        splits.size() * sizeof(int4));
         check_cuda(cudaMemcpyAsync(base, h, up, cudaMemcpyHostToDevice, stream), fn, "cudaMemcpyAsync");
         staging_.mark(stream, fn);
 
@@ -389,9 +418,24 @@ public:
         a.row_lse = row_lse.lse;
         a.row_lse_s0 = row_lse.s0;
         a.row_lse_s1 = row_lse.s1;
+        // Pass 2 alone over every row in the per-head layout, q of D columns: its chunks straight from q.
+        if constexpr (same16) {
+            const bool every_row = np == n && probes.front() == 0 && probes.back() == n - 1;  // (ascending, unique)
+            if (wg && per_head && row_lse.lse && every_row && (d == 64 || d == 128) && q.stride[2] == 1 && q.stride[0] % 8 == 0 &&
+                q.stride[1] % 8 == 0 && reinterpret_cast<std::uintptr_t>(q.data) % 16 == 0 && probe_path_override().load() != 4)
+                a.q_tma = encode_rows_tensor_map<std::remove_const_t<TQ>>(a.tmap_q, q.data, static_cast<int>(d), static_cast<int>(n),
+                                                                          static_cast<int>(H), q.stride[0], q.stride[1], kProbeWgRows)
+                              ? 1
+                              : 0;
+        }
         if (!key_blocks.empty()) {
             a.key_blocks = kb_d;
             a.n_key_blocks = static_cast<int>(key_blocks.size());
+            if (!splits.empty()) {
+                a.key_splits = ks_d;
+                a.n_splits = static_cast<int>(splits.size());
+                a.col = sub_d;
+            }
             check_cuda(cudaMemsetAsync(col_d, 0, b_col, stream), fn, "cudaMemsetAsync");
         }
         if (mma) {
@@ -410,6 +454,13 @@ public:
         } else {
             a.qrows = static_cast<const float*>(qbuf);
             launch_probe_simt(a, stream, fn);
+        }
+        if (!splits.empty()) {  // the splits' partials of the subset's columns, summed into col_d
+            const std::int64_t total = Hkv * static_cast<std::int64_t>(key_blocks.size()) * kProbeColTile;
+            launch_dependent(probe_fold_kernel<>, static_cast<unsigned>((total + 255) / 256), 256, 0, stream, fn, "probe_fold_kernel",
+                             static_cast<const float*>(sub_d), rsplit, static_cast<int>(Hkv), static_cast<int>(key_blocks.size()),
+                             static_cast<const std::int32_t*>(kb_d), static_cast<int>(n), col_d);
+            return {col_d, 1, probes_d, static_cast<int>(np), status_d};
         }
         return {col_d, rsplit, probes_d, static_cast<int>(np), status_d};
     }

@@ -92,15 +92,43 @@ struct ProbeArgs {
     // probe_lse_ext_kernel. K's elements are then checked by no pass (pass 2 does not check them).
     const float* row_lse = nullptr;
     std::int64_t row_lse_s0 = 0, row_lse_s1 = 0;
-    // Pass 2 over some key blocks only (null: all): grid.x covers n_key_blocks x rsplit and block x takes
-    // the 128-key block key_blocks[x / rsplit] (ascending, unique). Columns of other blocks are not written.
+    // Pass 2 over some key blocks only (null: all; columns of other blocks are not written): the 128-key
+    // blocks key_blocks[0 .. n_key_blocks) (ascending, unique; the CUDA-core pass 2 takes two 64-key blocks
+    // of each), and for the tensor cores key_splits[x] = {key block, z, R, its index in key_blocks} of grid
+    // block x: each key block's chunks shared out over its own R blocks (R <= rsplit, by its rows: a few
+    // key blocks seen by very different numbers of rows), n_splits of them; their partial sums then go to
+    // col as [rsplit][H_kv][n_key_blocks][128] (probe_fold_kernel sums them into the columns).
     const std::int32_t* key_blocks = nullptr;
     int n_key_blocks = 0;
+    const int4* key_splits = nullptr;
+    int n_splits = 0;
+    // wgmma pass 2 with the probes every row 0 .. n - 1 in the per-head layout (H2O, A-VL's text budget)
+    // and q of exactly D columns: each chunk is 64 consecutive rows of one query head of q, copied by the
+    // bulk tensor copy straight from q (tmap_q: {d, n, H}, 64 x 64 boxes, rows before 0 read as zeros)
+    // instead of from a packed copy -- no pack kernel, no q check (a non-finite q gives non-finite
+    // scores, which the ranking reports).
+    CUtensorMap tmap_q{};
+    int q_tma = 0;
 };
 
-// The 128-key block that block x of a pass-2 grid of nkb x rsplit owns.
-__device__ __forceinline__ int probe_key_block(const ProbeArgs& a, int x) {
-    return a.key_blocks ? a.key_blocks[x / a.rsplit] : x / a.rsplit;
+// Block x of a tensor-core pass: its 128-key block, its index z among the R blocks sharing that key
+// block's chunks (pass 1: every key block, R = rsplit; pass 2 over a subset: ProbeArgs::key_splits).
+struct ProbeSplit {
+    int kb, z, R, i;  // i: the key block's index in key_blocks (a subset), else kb
+};
+__device__ __forceinline__ ProbeSplit probe_split(const ProbeArgs& a, int x, bool pass1) {
+    if (!pass1 && a.key_splits) {
+        const int4 s = a.key_splits[x];
+        return {s.x, s.y, s.z, s.w};
+    }
+    return {x / a.rsplit, x % a.rsplit, a.rsplit, x / a.rsplit};
+}
+// Where pass 2's block writes its partial column sums: out[key] for its keys col0 .. col0 + 127 of KV head g.
+__device__ __forceinline__ float* probe_col_out(const ProbeArgs& a, const ProbeSplit& sp, int g) {
+    if (a.key_splits)
+        return a.col + ((static_cast<std::int64_t>(sp.z) * a.Hkv + g) * a.n_key_blocks + sp.i) * kProbeColTile -
+               static_cast<std::int64_t>(sp.kb) * kProbeColTile;
+    return a.col + (static_cast<std::int64_t>(sp.z) * a.Hkv + g) * a.n;
 }
 
 // ---- small device helpers ---------------------------------------------------------------------------
@@ -272,7 +300,8 @@ __global__ void __launch_bounds__(kProbeThreads, Pass1 ? kProbeBlocksPerSM : 4) 
     // (grid x: key block x row split, the splits of one key block next to each other, so that the
     // siblings' reads of the same K tile meet in L2 instead of going to memory rsplit times)
     const int g = blockIdx.y;
-    const int kb = Pass1 ? static_cast<int>(blockIdx.x) / a.rsplit : probe_key_block(a, static_cast<int>(blockIdx.x));
+    const ProbeSplit sp = probe_split(a, static_cast<int>(blockIdx.x), Pass1);
+    const int kb = sp.kb;
     const int col0 = kb * kProbeColTile;
     const int key0 = col0 + 32 * warp;
     const int chunks = a.qpk * a.npc;
@@ -370,7 +399,7 @@ __global__ void __launch_bounds__(kProbeThreads, Pass1 ? kProbeBlocksPerSM : 4) 
         first = lo;
     }
     const int per_head = a.npc - first;
-    const int z = static_cast<int>(blockIdx.x) % a.rsplit, R = a.rsplit;
+    const int z = sp.z, R = sp.R;
     const int n_active = per_head * a.qpk;
     const int n_mine = n_active > z ? (n_active - z + R - 1) / R : 0;  // this block's: t = z + i R
     // This block's i-th chunk is t = z + i R of the active ones: query head t / per_head, its chunk
@@ -532,7 +561,7 @@ __global__ void __launch_bounds__(kProbeThreads, Pass1 ? kProbeBlocksPerSM : 4) 
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const int key = key0 + 8 * nt + 2 * tq + e;
-                    if (key < a.n) a.col[(static_cast<std::int64_t>(z) * a.Hkv + g) * a.n + key] = acc[nt][e];
+                    if (key < a.n) probe_col_out(a, sp, g)[key] = acc[nt][e];
                 }
         }
     }
@@ -604,7 +633,7 @@ __global__ void probe_pack_wg_kernel(const ProbeArgs a) {
     const int g = static_cast<int>(i / (S::CH * kProbeWgRows * chunks));
     const int cr = static_cast<int>(ch) * kProbeWgRows + r;  // the chunk row
     const ProbeWgRow w = probe_wg_row(a, cr, rows);
-    const int p = w.pos;
+    const int p = w.pos;  // (the lse kernels write wg_pos as well: with q_tma this kernel does not run)
     const int h = g * a.qpk + w.head;
     if (g == 0 && c == 0) a.wg_pos[cr] = p;
     float x[8];
@@ -652,9 +681,9 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
     const unsigned raddr = static_cast<unsigned>(__cvta_generic_to_shared(ring));
     const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wi = (tid >> 5) & 3;
     const int gq = lane >> 2, tq = lane & 3;
-    const int g = blockIdx.y, R = a.rsplit;
-    const int kb = Pass1 ? static_cast<int>(blockIdx.x) / R : probe_key_block(a, static_cast<int>(blockIdx.x)),
-              z = static_cast<int>(blockIdx.x) % R;
+    const int g = blockIdx.y;
+    const ProbeSplit sp = probe_split(a, static_cast<int>(blockIdx.x), Pass1);
+    const int kb = sp.kb, z = sp.z, R = sp.R;
     const int col0 = kb * kProbeColTile;
     const int nc = a.npc / 4;
     const std::int64_t rows = static_cast<std::int64_t>(a.qpk) * a.npc * 16;
@@ -700,7 +729,14 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
                 if (i >= ST) mbar_wait(empty_bar + st, static_cast<unsigned>((i / ST - 1) & 1));
                 const std::int64_t ch = at.head * cps + first + at.c;
                 mbar_arrive_expect_tx(full_bar + st, S::CHUNK_BYTES + (Pass1 ? 256 : 512));
-                bulk_load(ring + st * S::CHUNK_BYTES, qsrc + ch * S::CHUNK_BYTES, S::CHUNK_BYTES, full_bar + st);
+                if (a.q_tma) {
+                    const int row0 = (first + at.c) * kProbeWgRows - a.wg_pad, head = g * a.qpk + at.head;
+#pragma unroll
+                    for (int pl = 0; pl < D / 64; ++pl)
+                        tma_load_3d(ring + st * S::CHUNK_BYTES + pl * S::C_PLANE, &a.tmap_q, pl * 64, row0, head, full_bar + st);
+                } else {
+                    bulk_load(ring + st * S::CHUNK_BYTES, qsrc + ch * S::CHUNK_BYTES, S::CHUNK_BYTES, full_bar + st);
+                }
                 unsigned char* md = meta + st * S::META_BYTES;
                 bulk_load(md, a.wg_pos + ch * kProbeWgRows, 256, full_bar + st);
                 if (!Pass1) bulk_load(md + 256, a.lse + g * rows + ch * kProbeWgRows, 256, full_bar + st);
@@ -795,7 +831,7 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
 #pragma unroll
         for (int i = 0; i < 2; ++i) acc[i] = quad_sum(acc[i]);
         if (tq == 0) {
-            float* out = a.col + (static_cast<std::int64_t>(z) * a.Hkv + g) * a.n;
+            float* out = probe_col_out(a, sp, g);
             if (klo < a.n) out[klo] = acc[0];
             if (khi < a.n) out[khi] = acc[1];
         }
@@ -973,6 +1009,7 @@ __global__ void probe_lse_ext_kernel(const ProbeArgs a) {
         const ProbeWgRow w = probe_wg_row(a, r, static_cast<int>(rows));
         p = w.pos;
         hl = w.head;
+        if (g == 0) a.wg_pos[r] = p;  // (the pack kernel's too, which does not run with q_tma)
     } else {
         const int pr = r % (a.npc * 16);
         hl = r / (a.npc * 16);
@@ -986,6 +1023,23 @@ __global__ void probe_lse_ext_kernel(const ProbeArgs a) {
         else if (a.status) atomicOr(a.status, kRowLseBad);
     }
     a.lse[i] = v;
+}
+
+// Pass 2 over a key-block subset (ProbeArgs::key_splits): the partials [rsplit][H_kv][n_key_blocks][128]
+// summed over the splits (in z order; those a key block did not use are 0) into out [H_kv][n] at the
+// subset's keys. One thread per (KV head, subset column).
+template <int Unused = 0>
+__global__ void probe_fold_kernel(const float* part, int rsplit, int Hkv, int nkb, const std::int32_t* key_blocks, int n, float* out) {
+    dependent_entry();  // programmatic dependent launch: see common.cuh
+    const std::int64_t per = static_cast<std::int64_t>(nkb) * kProbeColTile;
+    const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= per * Hkv) return;
+    const int g = static_cast<int>(i / per), c = static_cast<int>(i % per);
+    const int key = key_blocks[c / kProbeColTile] * kProbeColTile + c % kProbeColTile;
+    if (key >= n) return;
+    float acc = 0.0f;
+    for (int z = 0; z < rsplit; ++z) acc += part[(static_cast<std::int64_t>(z) * Hkv + g) * per + c];
+    out[static_cast<std::int64_t>(g) * n + key] = acc;
 }
 
 // ---- pass 2 on the CUDA cores: one thread per key -----------------------------------------------------
