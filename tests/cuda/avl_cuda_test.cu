@@ -108,8 +108,11 @@ void random_case(const std::string& spec, std::int64_t H, std::int64_t Hkv, std:
     const std::vector<float> lse = vt::row_lse_of(qh, kh);
     const cuda::DeviceArray<float> lse_d(lse);
     const View2<const float> lse_v(lse_d.data(), {m, H});
+    // (row_lse given: on Hopper with sm_90a code also with q's chunks from the packed copy, path 4, and
+    // on mma.sync, path 1 -- the key-block subset's splits on both kernels.)
     for (auto groups : {AvlTextGroups::per_kv_head, AvlTextGroups::per_query_head})
-    for (bool with_lse : {false, true}) {
+    for (int with_lse : {0, 1, 2, 3}) {
+        cuda::detail::probe_path_override().store(with_lse == 2 ? 4 : with_lse == 3 ? 1 : 0);
         const auto ref_acc = reference::avl_h2o_scores(qh, kh, groups);
         const std::int64_t TG = static_cast<std::int64_t>(ref_acc.size());
         for (const auto& [trate, tmin, theavy] : std::vector<std::tuple<double, std::int64_t, double>>{
@@ -167,6 +170,7 @@ void random_case(const std::string& spec, std::int64_t H, std::int64_t Hkv, std:
             REQUIRE(s.core_budget == want.core_budget);
         }
     }
+    cuda::detail::probe_path_override().store(0);
 }
 
 }  // namespace
