@@ -266,8 +266,9 @@ public:
     // softmax_lse. The text budget's H2O scores then need no pass over every key to normalize the rows:
     // only the 128-key blocks that hold an older text token are scored (text_scores is 0 in the other
     // blocks), a few percent of the prefill's work for a prompt mostly of image tokens, instead of as much
-    // as the prefill. The last row's statistics also spare A-VL's own score its pass over every key. K is
-    // then not checked for NaN / Inf as such: a non-finite key gives a non-finite score, still an error.
+    // as the prefill. The last row's statistics also spare A-VL's own score its pass over every key. q and
+    // K are then not checked for NaN / Inf as such: non-finite inputs give non-finite scores, an error
+    // where they reach a ranked position (elsewhere the prefill's check_finite is what sees them).
     template <ElementType TQ, ElementType TK>
     const DeviceAvlSelection& select(View3<const TQ> q, View3<const TK> k, View2<const float> row_lse, const Layout& layout,
                                      const AvlParams& P, std::span<const std::int64_t> present = {},

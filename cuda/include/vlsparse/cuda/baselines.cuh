@@ -162,7 +162,8 @@ public:
     // device; natural log, what cuda::dense_prefill_attention writes with its lse argument, or
     // FlashAttention's softmax_lse, for the same scale). The rows' statistics pass over every key is then
     // skipped: about half the work (every row's logits once instead of twice), and no 8 bytes per (row,
-    // 128 keys) of workspace. K is then not checked for NaN / Inf (a non-finite score still is an error).
+    // 128 keys) of workspace. q and K are then not checked for NaN / Inf as such: non-finite inputs give
+    // non-finite scores, an error where they reach a ranked position (not among the `recent` ones).
     template <ElementType TQ, ElementType TK>
     const DeviceSelection& h2o_device_select(View3<const TQ> q, View3<const TK> k, View2<const float> row_lse,
                                              const H2OParams& P, cudaStream_t stream = 0) {
