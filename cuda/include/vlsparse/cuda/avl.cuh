@@ -257,7 +257,7 @@ public:
     const DeviceAvlSelection& select(View3<const TQ> q, View3<const TK> k, const Layout& layout, const AvlParams& P,
                                      std::span<const std::int64_t> present = {}, cudaStream_t stream = 0,
                                      const AttentionOptions& opt = {}) {
-        return select_impl(q, k, nullptr, layout, P, present, stream, opt, "cuda::avl_select");
+        return select_impl(q, k, detail::ProbeRowLse{}, layout, P, present, stream, opt, "cuda::avl_select");
     }
 
     // The same, with each row's log-sum-exp of the layer's dense causal attention given: row_lse [m, H]
@@ -274,16 +274,12 @@ public:
                                      const AvlParams& P, std::span<const std::int64_t> present = {},
                                      cudaStream_t stream = 0, const AttentionOptions& opt = {}) {
         constexpr const char* fn = "cuda::avl_select";
-        detail::require(row_lse.data != nullptr, fn, "row_lse is a null view (the overload without it computes the rows' statistics)");
-        detail::require(row_lse.shape[0] == q.shape[0] && row_lse.shape[1] == q.shape[1], fn, "row_lse has shape [",
-                        row_lse.shape[0], ", ", row_lse.shape[1], "], expected [", q.shape[0], ", ", q.shape[1], "] (rows of q, H)");
-        ::vlsparse::detail::check_strides(row_lse, fn, "row_lse", false);
-        return select_impl(q, k, &row_lse, layout, P, present, stream, opt, fn);
+        return select_impl(q, k, detail::checked_row_lse(row_lse, q.shape[0], q.shape[1], fn), layout, P, present, stream, opt, fn);
     }
 
 private:
     template <ElementType TQ, ElementType TK>
-    const DeviceAvlSelection& select_impl(View3<const TQ> q, View3<const TK> k, const View2<const float>* row_lse,
+    const DeviceAvlSelection& select_impl(View3<const TQ> q, View3<const TK> k, detail::ProbeRowLse row_lse,
                                           const Layout& layout, const AvlParams& P, std::span<const std::int64_t> present,
                                           cudaStream_t stream, const AttentionOptions& opt, const char* fn) {
         P.validate(fn);
@@ -317,7 +313,7 @@ private:
             // With the rows' statistics given: the 128-key blocks (in q / k's row space) that hold an older
             // text token, the only columns ranked.
             std::vector<std::int32_t> blocks;
-            if (row_lse) {
+            if (row_lse.lse) {
                 for (std::int64_t i = 0; i < seen - recent; ++i) {
                     const std::int64_t p = tx[static_cast<std::size_t>(i)];
                     const std::int64_t row = present.empty() ? p : std::lower_bound(pr.begin(), pr.end(), p) - pr.begin();
@@ -405,7 +401,7 @@ private:
     template <ElementType TQ, ElementType TK>
     std::vector<std::int64_t> prepare(View3<const TQ> q, View3<const TK> k, const Layout& layout,
                                       std::span<const std::int64_t> present, const AttentionOptions& opt,
-                                      cudaStream_t stream, const char* fn, const View2<const float>* row_lse = nullptr) {
+                                      cudaStream_t stream, const char* fn, detail::ProbeRowLse row_lse = {}) {
         detail::require(q.data != nullptr && k.data != nullptr, fn, "q or k is a null view");
         ::vlsparse::detail::check_prefill_qk(q, k, fn);
         const std::int64_t n = layout.n(), m = q.shape[0], H = q.shape[1], d = q.shape[2], Hkv = k.shape[1];
@@ -419,9 +415,7 @@ private:
         const double scale = ::vlsparse::detail::resolve_scale(opt, d, fn);
         const std::int64_t last[1] = {m - 1};
         // (With the rows' statistics given, the last row's too: its probe pass over every key for them goes.)
-        const detail::ProbeColumnsResult pc =
-            probe_.run(q, k, std::span<const std::int64_t>(last), scale, stream, fn,
-                       row_lse ? detail::ProbeRowLse{row_lse->data, row_lse->stride[0], row_lse->stride[1]} : detail::ProbeRowLse{});
+        const detail::ProbeColumnsResult pc = probe_.run(q, k, std::span<const std::int64_t>(last), scale, stream, fn, row_lse);
         const std::size_t b_sc = detail::align256(static_cast<std::size_t>(n) * 4);
         const std::size_t b_pr = detail::align256(static_cast<std::size_t>(m) * 4);
         char* base = static_cast<char*>(work_.get(b_sc + b_pr, fn));
@@ -456,7 +450,7 @@ private:
     // that head's q and its KV head's k). Each run's status word joins status_ (the last row's).
     // With row_lse (the rows' statistics given): pass 2 only, over the key blocks `blocks` (row space).
     template <ElementType TQ, ElementType TK>
-    void text_scores(View3<const TQ> q, View3<const TK> k, const View2<const float>* row_lse, std::span<const std::int32_t> blocks,
+    void text_scores(View3<const TQ> q, View3<const TK> k, detail::ProbeRowLse row_lse, std::span<const std::int32_t> blocks,
                      AvlTextGroups groups, const AttentionOptions& opt, cudaStream_t stream, const char* fn) {
         const std::int64_t m = q.shape[0], H = q.shape[1], d = q.shape[2], Hkv = k.shape[1], n = n_;
         const bool per_head = groups == AvlTextGroups::per_query_head;
@@ -475,16 +469,12 @@ private:
             detail::launch_dependent(detail::avl_or_status_kernel<>, 1, 32, 0, stream, fn, "avl_or_status_kernel",
                                      static_cast<const int*>(pc.status), status_);
         };
-        if (row_lse && blocks.empty()) {  // no older text token: nothing is ranked, every score 0
+        if (row_lse.lse && blocks.empty()) {  // no older text token: nothing is ranked, every score 0
             detail::check_cuda(cudaMemsetAsync(text_scores_, 0, static_cast<std::size_t>(T * n) * 4, stream), fn, "cudaMemsetAsync");
             return;
         }
-        auto stats = [&](std::int64_t h) {
-            return row_lse ? detail::ProbeRowLse{row_lse->data + h * row_lse->stride[1], row_lse->stride[0], row_lse->stride[1]}
-                           : detail::ProbeRowLse{};
-        };
         if (!per_head) {
-            one_run(text_probe_.run(q, k, std::span<const std::int64_t>(rows), scale, stream, fn, stats(0), blocks),
+            one_run(text_probe_.run(q, k, std::span<const std::int64_t>(rows), scale, stream, fn, row_lse, blocks),
                     static_cast<int>(Hkv), 0);
             return;
         }
@@ -492,7 +482,7 @@ private:
         for (std::int64_t h = 0; h < H; ++h) {
             const View3<const TQ> qh(q.row(0, h), {m, 1, d}, q.stride);
             const View3<const TK> kh(k.row(0, h / qpk), {m, 1, d}, k.stride);
-            one_run(text_probe_.run(qh, kh, std::span<const std::int64_t>(rows), scale, stream, fn, stats(h), blocks), 1,
+            one_run(text_probe_.run(qh, kh, std::span<const std::int64_t>(rows), scale, stream, fn, row_lse.head(h), blocks), 1,
                     static_cast<int>(h));
         }
     }

@@ -168,12 +168,7 @@ public:
     const DeviceSelection& h2o_device_select(View3<const TQ> q, View3<const TK> k, View2<const float> row_lse,
                                              const H2OParams& P, cudaStream_t stream = 0) {
         constexpr const char* fn = "cuda::h2o_device_select";
-        detail::require(row_lse.data != nullptr, fn, "row_lse is a null view (the overload without it computes the rows' statistics)");
-        detail::require(row_lse.shape[0] == q.shape[0] && row_lse.shape[1] == q.shape[1], fn, "row_lse has shape [",
-                        row_lse.shape[0], ", ", row_lse.shape[1], "], expected [", q.shape[0], ", ", q.shape[1], "] (n, H)");
-        ::vlsparse::detail::check_strides(row_lse, fn, "row_lse", false);
-        return h2o_device_select_impl(q, k, detail::ProbeRowLse{row_lse.data, row_lse.stride[0], row_lse.stride[1]}, P,
-                                      stream, fn);
+        return h2o_device_select_impl(q, k, detail::checked_row_lse(row_lse, q.shape[0], q.shape[1], fn), P, stream, fn);
     }
 
 private:

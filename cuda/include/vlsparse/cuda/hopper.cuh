@@ -48,10 +48,6 @@ inline TensorMapEncodeTiledFn tensor_map_encoder() {
     return f;
 }
 
-// K or V [n_k, H_kv, D] (16-bit elements, unit inner stride; row and head strides s0, s1 in elements, multiples
-// of 8 with a 16-byte aligned base: prefill_common checked) as the tensor map the kernel's bulk copies read:
-// dims {D, n_k, H_kv}, boxes of 64 columns x 64 rows x 1 head, 128-byte swizzle (the layout of a tile plane
-// in shared memory), rows past n_k read as zeros. False when the driver refuses it.
 // A [rows, heads, cols] tensor of 16-bit elements (unit inner stride; row and head strides s0, s1 in
 // elements, multiples of 8, 16-byte aligned base) as a 3-D tensor map {cols, rows, heads} of boxes of 64
 // columns x box_rows rows x 1 head, 128-byte swizzle (a tile plane's layout in shared memory:

@@ -176,6 +176,8 @@ void prefill_common(View3<const T> q, View3<const T> k, View3<const T> v, View3<
     a.scale_log2 = static_cast<float>(static_cast<double>(scale) * 1.4426950408889634);
 }
 
+// K or V [n_k, H_kv, D] (prefill_common checked the strides and alignment) as the tensor map the kernel's
+// bulk copies read: 64 x 64 boxes, rows past n_k read as zeros. False when the driver refuses it.
 template <class T, int D>
 bool encode_kv_tensor_map(CUtensorMap& map, const void* base, int n_k, int Hkv, std::int64_t s0, std::int64_t s1) {
     return encode_rows_tensor_map<T>(map, base, D, n_k, Hkv, s0, s1, kPrefillKeys);

@@ -28,6 +28,7 @@
 
 #include "vlsparse/core/dtype.hpp"
 #include "vlsparse/core/tensor.hpp"
+#include "vlsparse/detail/check.hpp"
 #include "vlsparse/cuda/common.cuh"
 #include "vlsparse/cuda/selection/probe_scores.cuh"
 
@@ -217,9 +218,20 @@ __global__ void group_column_sums_kernel(const float* col, int rsplit, int Hkv, 
 // Row statistics computed elsewhere (ProbeColumns::run): the natural log-sum-exp of query row p, head h at
 // lse[p * s0 + h * s1] (the dense prefill's, cuda::dense_prefill_attention with lse), in place of pass 1.
 struct ProbeRowLse {
-    const float* lse = nullptr;
+    const float* lse = nullptr;  // null: none given (pass 1 computes them)
     std::int64_t s0 = 0, s1 = 0;
+    // Head h's statistics alone (for a run over a one-head view of q).
+    ProbeRowLse head(std::int64_t h) const { return lse ? ProbeRowLse{lse + h * s1, s0, s1} : ProbeRowLse{}; }
 };
+
+// A front end's row_lse argument checked against q's rows and heads (a device view [rows, H], any strides).
+inline ProbeRowLse checked_row_lse(View2<const float> v, std::int64_t rows, std::int64_t H, const char* fn) {
+    require(v.data != nullptr, fn, "row_lse is a null view (the overload without it computes the rows' statistics)");
+    require(v.shape[0] == rows && v.shape[1] == H, fn, "row_lse has shape [", v.shape[0], ", ", v.shape[1], "], expected [",
+            rows, ", ", H, "] (rows of q, H)");
+    ::vlsparse::detail::check_strides(v, fn, "row_lse", false);
+    return {v.data, v.stride[0], v.stride[1]};
+}
 
 struct ProbeColumnsResult {
     const float* col = nullptr;            // device [rsplit][H_kv][n]
@@ -231,7 +243,8 @@ struct ProbeColumnsResult {
 
 class ProbeColumns {
 public:
-    // row_lse: the probe rows' statistics given (pass 1 skipped; K is then not checked for NaN / Inf).
+    // row_lse: the probe rows' statistics given (pass 1 skipped; K -- and q where its chunks are read by
+    // the bulk tensor copy -- is then not checked for NaN / Inf).
     // key_blocks: pass 2 over these 128-key blocks only (ascending, unique, in [0, ceil(n / 128))); the
     // columns of the other blocks are 0 in r.col.
     template <ElementType TQ, ElementType TK>
@@ -340,8 +353,9 @@ public:
         auto* first_d = reinterpret_cast<std::int32_t*>(base + b_pos + b_cmax);
         auto* probes_d = reinterpret_cast<std::int32_t*>(base + b_pos + b_cmax + b_first);
         int* status_d = reinterpret_cast<int*>(base + b_pos + b_cmax + b_first + b_probes);
-        auto* kb_d = reinterpret_cast<std::int32_t*>(base + b_pos + b_cmax + b_first + b_probes + b_status);
-        auto* ks_d = reinterpret_cast<int4*>(base + b_pos + b_cmax + b_first + b_probes + b_status + align256(key_blocks.size() * 4));
+        const std::size_t at_kb = b_pos + b_cmax + b_first + b_probes + b_status, at_ks = at_kb + align256(key_blocks.size() * 4);
+        auto* kb_d = reinterpret_cast<std::int32_t*>(base + at_kb);
+        auto* ks_d = reinterpret_cast<int4*>(base + at_ks);
         auto* wpos_d = reinterpret_cast<std::int32_t*>(base + up);
         char* at = base + up + b_wrows;
         void* qbuf = at;
@@ -371,11 +385,8 @@ public:
         auto* probes_h = reinterpret_cast<std::int32_t*>(h + b_pos + b_cmax + b_first);
         for (std::int64_t i = 0; i < np; ++i) probes_h[i] = static_cast<std::int32_t>(probes[static_cast<std::size_t>(i)]);
         std::memset(h + b_pos + b_cmax + b_first + b_probes, 0, b_status);
-        if (!key_blocks.empty())
-            std::memcpy(h + b_pos + b_cmax + b_first + b_probes + b_status, key_blocks.data(), key_blocks.size() * 4);
-        if (!splits.empty())
-            std::memcpy(h + b_pos + b_cmax + b_first + b_probes + b_status + align256(key_blocks.size() * 4), splits.data(),
-                        splits.size() * sizeof(int4));
+        if (!key_blocks.empty()) std::memcpy(h + at_kb, key_blocks.data(), key_blocks.size() * 4);
+        if (!splits.empty()) std::memcpy(h + at_ks, splits.data(), splits.size() * sizeof(int4));
         check_cuda(cudaMemcpyAsync(base, h, up, cudaMemcpyHostToDevice, stream), fn, "cudaMemcpyAsync");
         staging_.mark(stream, fn);
 
