@@ -15,6 +15,8 @@
 //   build-gpu/bench/cuda_select_bench --out select.csv [--n 8192,16384] [--reps 21] [--quick]
 //                                     [--warmup W] [--only zipvl,h2o,snapkv,fastv,purekv,avl,decode,lists]
 // --only runs a subset of the groups (for profiling one policy under ncu); default: all of them.
+// --probe-path 1 forces the probe scores onto the mma.sync passes (0, the default: the automatic choice,
+// e.g. the few-row kernel for FastV's and A-VL's last row), for an A/B of the two in one binary.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -53,8 +55,16 @@ int main(int argc, char** argv) {
         } else if (a == "--out" && i + 1 < argc) out_path = argv[++i];
         else if (a == "--only" && i + 1 < argc) only = argv[++i];
         else if (a == "--warmup" && i + 1 < argc) warmup = std::max(0, std::atoi(argv[++i]));
-        else {
-            std::fprintf(stderr, "usage: %s [--out FILE] [--n LIST] [--reps R] [--quick] [--warmup W] [--only GROUPS]\n", argv[0]);
+        else if (a == "--probe-path" && i + 1 < argc) {
+            const int path = std::atoi(argv[++i]);
+            if (path != 0 && path != 1) {
+                std::fprintf(stderr, "--probe-path: 0 (automatic) or 1 (mma.sync), got %d\n", path);
+                return 2;
+            }
+            cuda::detail::probe_path_override().store(path);
+        } else {
+            std::fprintf(stderr, "usage: %s [--out FILE] [--n LIST] [--reps R] [--quick] [--warmup W] [--only GROUPS] [--probe-path 0|1]\n",
+                         argv[0]);
             return 2;
         }
     }

@@ -75,9 +75,16 @@ void random_case(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::int64_t 
         }
         cuda::detail::probe_path_override().store(0);
         const std::int64_t w = std::min<std::int64_t>(n, 1 + static_cast<std::int64_t>(seed % 17));
-        sc.fill_workspace(0xff);
         const auto raw = reference::snapkv_window_scores(qh, kh, w, groups);
-        check_close(sc.snapkv_window_scores(qv, kv, w, groups), raw, "snapkv window");
+        // The automatic path (for up to 16 rows per KV head, 16-bit inputs and d <= 128, the few-row
+        // kernel), then mma.sync forced.
+        for (int path : {0, 1}) {
+            INFO("probe path " << path);
+            cuda::detail::probe_path_override().store(path);
+            sc.fill_workspace(0xff);
+            check_close(sc.snapkv_window_scores(qv, kv, w, groups), raw, "snapkv window");
+        }
+        cuda::detail::probe_path_override().store(0);
         for (auto pool : {SnapKVPooling::avg, SnapKVPooling::max, SnapKVPooling::none}) {
             SnapKVParams P;
             P.window = w;
@@ -93,8 +100,14 @@ void random_case(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::int64_t 
             REQUIRE(sc.snapkv_select(qv, kv, P).indices == snapkv_select_from_pooled(got, n, P).indices);
         }
     }
-    sc.fill_workspace(0xff);
-    check_close(sc.fastv_scores(qv, kv), reference::fastv_scores(qh, kh), "fastv");
+    const auto fastv_want = reference::fastv_scores(qh, kh);
+    for (int path : {0, 1}) {  // (the few-row kernel where it applies, then mma.sync)
+        INFO("probe path " << path);
+        cuda::detail::probe_path_override().store(path);
+        sc.fill_workspace(0xff);
+        check_close(sc.fastv_scores(qv, kv), fastv_want, "fastv");
+    }
+    cuda::detail::probe_path_override().store(0);
 }
 
 }  // namespace
@@ -190,6 +203,24 @@ TEST_CASE("cuda baselines: errors", "[cuda][baselines]") {
     cuda::DeviceArray<bfloat16> knd(kn);
     REQUIRE_THROWS_WITH(sc.fastv_scores(qv, View3<const bfloat16>(knd.data(), {n, Hkv, d})), Contains("NaN or Inf"));
     REQUIRE_NOTHROW(sc.fastv_scores(qv, kv));  // still usable
+    // Through the few-row kernel and through mma.sync: Inf in the last row of q (the row FastV reads), and
+    // Inf in a K row past the first 128-key block (read by another block of pass 1).
+    for (int path : {0, 1}) {
+        INFO("probe path " << path);
+        cuda::detail::probe_path_override().store(path);
+        std::vector<bfloat16> qn(q);
+        qn[static_cast<std::size_t>((n - 1) * H * d + 2 * d + 7)] = bfloat16(INFINITY);
+        cuda::DeviceArray<bfloat16> qnd(qn);
+        REQUIRE_THROWS_WITH(sc.fastv_scores(View3<const bfloat16>(qnd.data(), {n, H, d}), kv), Contains("NaN or Inf"));
+        const std::int64_t n2 = 300;
+        std::vector<bfloat16> q2(static_cast<std::size_t>(n2 * H * d), bfloat16(0.5f)), k2(static_cast<std::size_t>(n2 * Hkv * d), bfloat16(0.25f));
+        k2[static_cast<std::size_t>(200 * Hkv * d + d + 63)] = bfloat16(-INFINITY);
+        cuda::DeviceArray<bfloat16> q2d(q2), k2d(k2);
+        REQUIRE_THROWS_WITH(sc.fastv_scores(View3<const bfloat16>(q2d.data(), {n2, H, d}), View3<const bfloat16>(k2d.data(), {n2, Hkv, d})),
+                            Contains("NaN or Inf"));
+        REQUIRE_NOTHROW(sc.fastv_scores(qv, kv));
+    }
+    cuda::detail::probe_path_override().store(0);
 }
 
 namespace {

@@ -154,14 +154,45 @@ void launch_probe_wg(ProbeArgs& a, cudaStream_t stream, const char* fn) {
                        probe_cols_wg_kernel<T, D, false>, kProbeWgThreads, S::smem_bytes(), names, stream, fn);
 }
 
-// Which tensor-core probe passes run: 0 the automatic choice (wgmma where it runs and the probe rows fill
-// 64-row chunks, else mma.sync; on wgmma, the chunk layout that the (chunk, key block) pairs favour),
-// 1 mma.sync always, 2 / 3 wgmma (where the automatic choice would take it) with the merged / per-head
-// chunk layout, 4 as 3 but chunks always from the packed copy of q (never read from q by the bulk tensor
-// copy: ProbeArgs::q_tma). For the tests, which check every path on one GPU; not an API.
+// Which tensor-core probe passes run: 0 the automatic choice (the few-row kernel for up to kProbeFewRows
+// rows per KV head, wgmma where it runs and the probe rows fill 64-row chunks, else mma.sync; on wgmma,
+// the chunk layout that the (chunk, key block) pairs favour), 1 mma.sync always (never the few-row
+// kernel), 2 / 3 wgmma (where the automatic choice would take it) with the merged / per-head chunk
+// layout, 4 as 3 but chunks always from the packed copy of q (never read from q by the bulk tensor copy:
+// ProbeArgs::q_tma). For the tests, which check every path on one GPU; not an API.
 inline std::atomic<int>& probe_path_override() {
     static std::atomic<int> v{0};
     return v;
+}
+
+// A few probe rows (probe_few_kernel): pass 1 (or the caller's row statistics), the lse merge, pass 2.
+template <class T, int D, int NR>
+void launch_probe_few_rows(ProbeArgs& a, cudaStream_t stream, const char* fn) {
+    const unsigned ncb = static_cast<unsigned>((a.n + kProbeColTile - 1) / kProbeColTile);
+    if (a.row_lse) {
+        launch_probe_lse_ext(a, stream, fn);
+    } else {
+        launch_dependent(probe_few_kernel<T, D, NR, true>, dim3(ncb, static_cast<unsigned>(a.Hkv)), kProbeColTile, 0, stream, fn,
+                         "probe_few_kernel (pass 1)", a);
+        const std::int64_t rows = static_cast<std::int64_t>(a.Hkv) * a.qpk * a.npc * 16;  // a warp each
+        launch_dependent(probe_lse_kernel<>, static_cast<unsigned>((rows + 7) / 8), 256, 0, stream, fn, "probe_lse_kernel", a);
+    }
+    // Pass 2 from pass 1's logits (a small read per key), else from K.
+    const dim3 grid2(a.key_blocks ? static_cast<unsigned>(a.n_key_blocks) : ncb, static_cast<unsigned>(a.Hkv));
+    if (a.few_logit) launch_dependent(probe_few_cols_kernel<>, grid2, kProbeColTile, 0, stream, fn, "probe_few_cols_kernel", a);
+    else launch_dependent(probe_few_kernel<T, D, NR, false>, grid2, kProbeColTile, 0, stream, fn, "probe_few_kernel (pass 2)", a);
+}
+template <class T>
+void launch_probe_few(ProbeArgs& a, cudaStream_t stream, const char* fn) {
+    const bool r8 = a.qpk * a.n_probes <= 8;
+    if (a.d <= 64) {
+        if (r8) launch_probe_few_rows<T, 64, 8>(a, stream, fn);
+        else launch_probe_few_rows<T, 64, kProbeFewRows>(a, stream, fn);
+    } else if (r8) {
+        launch_probe_few_rows<T, 128, 8>(a, stream, fn);
+    } else {
+        launch_probe_few_rows<T, 128, kProbeFewRows>(a, stream, fn);
+    }
 }
 
 inline void launch_probe_simt(ProbeArgs& a, cudaStream_t stream, const char* fn) {
@@ -263,13 +294,16 @@ public:
         // wgmma (Hopper, sm_90a code): probe rows in chunks of 64, so for at least 64 probes (fewer would
         // leave most of a chunk padding: the mma.sync passes take 16-row chunks).
         const bool wg = mma && k_rows16 && np >= kProbeWgRows && probe_path_override().load() != 1 && wgmma_runs_here(fn);
+        // A few rows per KV head (FastV's and A-VL's last row, short windows): one CUDA-core thread per key
+        // instead of the tensor-core passes' 16-row chunks (probe_few_kernel).
+        const bool few = mma && k_rows16 && H / Hkv * np <= kProbeFewRows && probe_path_override().load() == 0;
         const std::int64_t npc = wg ? (np + kProbeWgRows - 1) / kProbeWgRows * 4 : (np + 15) / 16, qpk = H / Hkv;
         const std::int64_t rows = qpk * npc * 16;  // per KV head
         // Tensor cores: the chunks of a key block shared out over rsplit blocks when the key blocks alone
         // would leave the GPU short of work (about two waves of 4 blocks per multiprocessor wanted).
         int rsplit = 1;
         std::vector<int4> splits;  // pass 2 over a key-block subset on the tensor cores: {kb, z, R} per block
-        if (mma) {
+        if (mma && !few) {
             int dev = 0, sms = 0;
             check_cuda(cudaGetDevice(&dev), fn, "cudaGetDevice");
             check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), fn, "cudaDeviceGetAttribute");
@@ -299,11 +333,13 @@ public:
                 }
             }
         }
-        const std::size_t b_q = mma ? align256(static_cast<std::size_t>(Hkv * qpk * npc * ((d <= 64 ? 64 : 128) / 16) * 32) * 16)
+        const std::size_t b_q = few ? 0
+                                : mma ? align256(static_cast<std::size_t>(Hkv * qpk * npc * ((d <= 64 ? 64 : 128) / 16) * 32) * 16)
                                     : align256(static_cast<std::size_t>(Hkv * rows * d) * 4);
         const std::int64_t ncb = (n + kProbeColTile - 1) / kProbeColTile;
         const std::size_t b_part = mma && !row_lse.lse ? align256(static_cast<std::size_t>(Hkv * rows * ncb) * 8) : 0;
-        const std::size_t b_lse = align256(static_cast<std::size_t>(Hkv * rows) * 4);
+        const std::size_t b_lse = align256(static_cast<std::size_t>(Hkv * rows) * 4) +
+                                  (few && !row_lse.lse ? align256(static_cast<std::size_t>(Hkv * qpk * np * n) * 4) : 0);  // (+ few_logit)
         // (a key-block subset on the tensor cores: the columns [H_kv][n], and the splits' partials of the
         // subset's columns [rsplit][H_kv][n_key_blocks][128], folded into them)
         const std::size_t b_col = align256(static_cast<std::size_t>((splits.empty() ? rsplit : 1) * Hkv * n) * 4) +
@@ -449,7 +485,13 @@ public:
             }
             check_cuda(cudaMemsetAsync(col_d, 0, b_col, stream), fn, "cudaMemsetAsync");
         }
-        if (mma) {
+        if (few) {
+            for (std::int64_t i = 0; i < np; ++i) a.few_pos[i] = static_cast<std::int32_t>(probes[static_cast<std::size_t>(i)]);
+            if (!row_lse.lse) a.few_logit = lse_d + align256(static_cast<std::size_t>(Hkv * rows) * 4) / 4;
+            a.q_rows16 = q.stride[2] == 1 && d % 8 == 0 && q.stride[0] % 8 == 0 && q.stride[1] % 8 == 0 &&
+                         reinterpret_cast<std::uintptr_t>(q.data) % 16 == 0;
+            if constexpr (same16) launch_probe_few<std::remove_const_t<TQ>>(a, stream, fn);
+        } else if (mma) {
             a.qpack = static_cast<const uint4*>(qbuf);
             if constexpr (same16) {
                 using T = std::remove_const_t<TQ>;

@@ -27,6 +27,9 @@
 //     the probe positions.
 //   - CUDA cores for every other input (fp32, mixed types, d up to 256): one warp per probe row in
 //     pass 1, one thread per key in pass 2, fp32 arithmetic.
+// And for at most kProbeFewRows rows per KV head of 16-bit inputs (FastV's and A-VL's last row), a
+// CUDA-core kernel of its own: one thread per key, the logits kept between the passes
+// (probe_few_kernel, at the end of this file).
 // The loads that read q's probe rows and every element of K also check them: NaN / Inf in anything
 // the selection reads sets a status bit (no separate pass over the inputs).
 #pragma once
@@ -49,6 +52,7 @@ inline constexpr int kProbeThreads = 128;  // 4 warps per block in both passes
 inline constexpr int kProbeKeyTile = 64;   // keys per pass-1 tile
 inline constexpr int kProbeColTile = 128;  // keys per pass-2 block (tensor cores)
 inline constexpr int kProbeSimtCols = 64;  // keys per pass-2 block (CUDA cores)
+inline constexpr int kProbeFewRows = 16;   // most (query head, probe) rows per KV head of probe_few_kernel
 inline constexpr int kInputNonFinite = 2;  // status bit: NaN / Inf in what the selection reads
 inline constexpr int kRowLseBad = 32;      // status bit: a row statistic given by the caller is NaN / Inf
 
@@ -109,6 +113,14 @@ struct ProbeArgs {
     // scores, which the ranking reports).
     CUtensorMap tmap_q{};
     int q_tma = 0;
+    // The few-row kernel (probe_few_kernel): the probe positions (n_probes of them), and whether q's rows
+    // are readable in 16-byte pieces (q of K's 16-bit type, unit inner stride, strides multiples of 8,
+    // 16-byte aligned base).
+    std::int32_t few_pos[kProbeFewRows] = {};
+    bool q_rows16 = false;
+    // Pass 1's logits c q . k of the real rows [H_kv][qpk * n_probes][n] (log2 domain), which pass 2 then
+    // reads instead of K (null: pass 2 recomputes them from K, as when row_lse is given).
+    float* few_logit = nullptr;
 };
 
 // Block x of a tensor-core pass: its 128-key block, its index z among the R blocks sharing that key
@@ -1080,6 +1092,195 @@ __global__ void __launch_bounds__(kProbeSimtCols) probe_pass2_simt_kernel(const 
         }
     }
     if (key < a.n) a.col[static_cast<std::int64_t>(g) * a.n + key] = acc;
+}
+
+// ---- a few probe rows (FastV's and A-VL's last row, short observation windows): CUDA cores ------------
+
+// At most kProbeFewRows (query head, probe) rows per KV head: the tensor-core passes would pad each
+// head's probes to a 16-row chunk and stream K tiles through a pipeline shaped for many rows. Here a
+// block owns 128 keys of one KV head, one thread per key: the block copies its key tile into shared
+// memory, each thread takes its key's row from there and every row's logit against it on the CUDA
+// cores (fp32), the rows' q in shared memory. Pass 1 writes each row's (max, sum) over the block's keys
+// (the part layout of the tensor-core passes, so probe_lse_kernel merges them) and the logits
+// (ProbeArgs::few_logit); pass 2 (probe_few_cols_kernel, or this kernel's second form where the caller
+// gave row_lse and pass 1 did not run) sums each key's probabilities over the rows in a fixed order into
+// col [H_kv][n] (rsplit 1). Every read element of q is checked, every element of K by pass 1. 16-bit q
+// and K of one type, K rows in 16-byte pieces, d <= D.
+
+// Eight 16-bit elements (a 16-byte piece) as floats.
+template <class T>
+__device__ __forceinline__ void unpack8(const uint4& w, float (&x)[8]) {
+    const unsigned u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        if constexpr (std::is_same_v<T, bfloat16>) {
+            x[2 * i] = __uint_as_float(u[i] << 16);
+            x[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+        } else {
+            x[2 * i] = __half2float(__ushort_as_half(static_cast<unsigned short>(u[i] & 0xffffu)));
+            x[2 * i + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(u[i] >> 16)));
+        }
+    }
+}
+
+// Grid: (ceil(n / 128) -- or the key-block subset's length, pass 2 --, H_kv), 128 threads. NR >= the
+// rows qpk * n_probes; rows past them are computed as zeros and never used. The probe positions come in
+// the arguments (ProbeArgs::few_pos), so no load waits for another: the K tile's copies are issued
+// first, q's rows (16-byte pieces where ProbeArgs::q_rows16) and the statistics load under them.
+template <class T, int D, int NR, bool Pass1>
+__global__ void __launch_bounds__(kProbeColTile) probe_few_kernel(const __grid_constant__ ProbeArgs a) {
+    dependent_entry();  // programmatic dependent launch: see common.cuh
+    static_assert(NR <= kProbeFewRows && D % 64 == 0, "few-row shape");
+    constexpr int CH = D / 8;  // 16-byte pieces per row
+    __shared__ __align__(128) unsigned char kt[kProbeColTile * D * 2];  // piece c of row r at (r CH + (c ^ (r & 7))) 16
+    __shared__ __align__(16) float qs[NR][D];
+    __shared__ float ls[NR];
+    __shared__ float wm[kProbeColTile / 32][NR], wl[kProbeColTile / 32][NR];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = blockIdx.y;
+    const int kb = !Pass1 && a.key_blocks ? a.key_blocks[blockIdx.x] : static_cast<int>(blockIdx.x);
+    const int col0 = kb * kProbeColTile, key = col0 + tid;
+    const int nr = a.qpk * a.n_probes;
+    const std::int64_t rows = static_cast<std::int64_t>(a.qpk) * a.npc * 16;  // padded rows per KV head
+    {   // the block's 128 keys, whole rows per 16 threads (zeros past n and past d)
+        const T* kbase = static_cast<const T*>(a.k) + static_cast<std::int64_t>(g) * a.k_s1;
+#pragma unroll 4
+        for (int i = tid; i < kProbeColTile * CH; i += kProbeColTile) {
+            const int r = i / CH, c = i % CH;
+            const bool ok = col0 + r < a.n && c * 8 < a.d;
+            copy16_async(kt + (r * CH + (c ^ (r & 7))) * 16, ok ? kbase + static_cast<std::int64_t>(col0 + r) * a.k_s0 + c * 8 : kbase, ok);
+        }
+        copy_commit();
+    }
+    // Row i: query head i / n_probes of the group, probe i % n_probes (padded row index r).
+    bool bad = false;
+    if (a.q_rows16) {
+        for (int e = tid; e < NR * CH; e += kProbeColTile) {
+            const int i = e / CH, c = e % CH;
+            uint4 w = make_uint4(0, 0, 0, 0);
+            if (i < nr && c * 8 < a.d) {
+                const int hl = i / a.n_probes, pr = i % a.n_probes;
+                w = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(a.q) + static_cast<std::int64_t>(a.few_pos[pr]) * a.q_s0 +
+                                                         static_cast<std::int64_t>(g * a.qpk + hl) * a.q_s1) + c);
+                constexpr unsigned E = std::is_same_v<T, bfloat16> ? 0x7f807f80u : 0x7c007c00u;
+                bad |= (__vcmpeq2(w.x & E, E) | __vcmpeq2(w.y & E, E) | __vcmpeq2(w.z & E, E) | __vcmpeq2(w.w & E, E)) != 0;
+            }
+            float x[8];
+            unpack8<T>(w, x);
+            *reinterpret_cast<float4*>(&qs[i][8 * c]) = make_float4(x[0], x[1], x[2], x[3]);
+            *reinterpret_cast<float4*>(&qs[i][8 * c + 4]) = make_float4(x[4], x[5], x[6], x[7]);
+        }
+    } else {
+        for (int e = tid; e < NR * D; e += kProbeColTile) {
+            const int i = e / D, c = e % D;
+            float x = 0.0f;
+            if (i < nr && c < a.d) {
+                const int hl = i / a.n_probes, pr = i % a.n_probes;
+                x = ld_elem(a.q, a.q_type, static_cast<std::int64_t>(a.few_pos[pr]) * a.q_s0 +
+                                               static_cast<std::int64_t>(g * a.qpk + hl) * a.q_s1 + static_cast<std::int64_t>(c) * a.q_s2);
+                bad |= !isfinite(x);
+            }
+            qs[i][c] = x;
+        }
+    }
+    if (!Pass1 && tid < NR) {
+        float l = 0.0f;
+        if (tid < nr) l = a.lse[static_cast<std::int64_t>(g) * rows + tid / a.n_probes * a.npc * 16 + tid % a.n_probes];
+        ls[tid] = l;
+    }
+    copy_wait<0>();
+    __syncthreads();
+    // The thread's key: its row's pieces from the tile (8 consecutive rows cover the 32 banks).
+    uint4 kr[CH];
+#pragma unroll
+    for (int c = 0; c < CH; ++c) kr[c] = *reinterpret_cast<const uint4*>(kt + (tid * CH + (c ^ (tid & 7))) * 16);
+    if (Pass1) {
+        constexpr unsigned E = std::is_same_v<T, bfloat16> ? 0x7f807f80u : 0x7c007c00u;
+        unsigned hits = 0;
+#pragma unroll
+        for (int c = 0; c < CH; ++c)
+            hits |= __vcmpeq2(kr[c].x & E, E) | __vcmpeq2(kr[c].y & E, E) | __vcmpeq2(kr[c].z & E, E) | __vcmpeq2(kr[c].w & E, E);
+        bad |= hits != 0;
+    }
+    if (bad && a.status) atomicOr(a.status, kInputNonFinite);
+    float s[NR];
+#pragma unroll
+    for (int i = 0; i < NR; ++i) s[i] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+        float x[8];
+        unpack8<T>(kr[c], x);
+#pragma unroll
+        for (int i = 0; i < NR; ++i) {
+            const float4 q0 = *reinterpret_cast<const float4*>(&qs[i][8 * c]);
+            const float4 q1 = *reinterpret_cast<const float4*>(&qs[i][8 * c + 4]);
+            float t = s[i];
+            t = fmaf(q0.x, x[0], t);
+            t = fmaf(q0.y, x[1], t);
+            t = fmaf(q0.z, x[2], t);
+            t = fmaf(q0.w, x[3], t);
+            t = fmaf(q1.x, x[4], t);
+            t = fmaf(q1.y, x[5], t);
+            t = fmaf(q1.z, x[6], t);
+            s[i] = fmaf(q1.w, x[7], t);
+        }
+    }
+    const bool kok = key < a.n;
+    if constexpr (Pass1) {
+        // Each row's (max, sum) over the block's keys at or before its position: the warp's by a
+        // butterfly, then the four warps' in order.
+#pragma unroll
+        for (int i = 0; i < NR; ++i) {
+            const int p = i < nr ? a.few_pos[i % a.n_probes] : -1;
+            if (a.few_logit && kok && i < nr) a.few_logit[(static_cast<std::int64_t>(g) * nr + i) * a.n + key] = s[i] * a.scale_log2;
+            const float v = kok && key <= p ? s[i] * a.scale_log2 : -INFINITY;
+            float m = v;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            float l = m == -INFINITY ? 0.0f : exp2f(v - m);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+            if (lane == 0) {
+                wm[warp][i] = m;
+                wl[warp][i] = l;
+            }
+        }
+        __syncthreads();
+        if (tid < nr && a.few_pos[tid % a.n_probes] >= col0) {
+            float m = -INFINITY, l = 0.0f;
+#pragma unroll
+            for (int w = 0; w < kProbeColTile / 32; ++w) merge_ml(m, l, wm[w][tid], wl[w][tid]);
+            const int ncb = (a.n + kProbeColTile - 1) / kProbeColTile;
+            a.part[(static_cast<std::int64_t>(g) * rows + tid / a.n_probes * a.npc * 16 + tid % a.n_probes) * ncb + kb] = make_float2(m, l);
+        }
+    } else {
+        float acc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NR; ++i)
+            if (i < nr && key <= a.few_pos[i % a.n_probes]) acc += exp2f(fmaf(s[i], a.scale_log2, -ls[i]));
+        if (kok) a.col[static_cast<std::int64_t>(g) * a.n + key] = acc;
+    }
+}
+
+// Pass 2 of the few-row kernel from pass 1's logits (ProbeArgs::few_logit): col[g][j] = the sum over the
+// rows i with j <= p_i of 2^(logit - lse_i), in row order. One thread per (KV head, key): grid (ceil(n /
+// 128) -- or the key-block subset's length --, H_kv), 128 threads.
+template <int Unused = 0>
+__global__ void __launch_bounds__(kProbeColTile) probe_few_cols_kernel(const __grid_constant__ ProbeArgs a) {
+    dependent_entry();  // programmatic dependent launch: see common.cuh
+    __shared__ float ls[kProbeFewRows];
+    const int g = blockIdx.y, nr = a.qpk * a.n_probes;
+    const std::int64_t rows = static_cast<std::int64_t>(a.qpk) * a.npc * 16;
+    if (static_cast<int>(threadIdx.x) < nr)
+        ls[threadIdx.x] = a.lse[static_cast<std::int64_t>(g) * rows + threadIdx.x / a.n_probes * a.npc * 16 + threadIdx.x % a.n_probes];
+    __syncthreads();
+    const int kb = a.key_blocks ? a.key_blocks[blockIdx.x] : static_cast<int>(blockIdx.x);
+    const int key = kb * kProbeColTile + static_cast<int>(threadIdx.x);
+    if (key >= a.n) return;
+    const float* lg = a.few_logit + static_cast<std::int64_t>(g) * nr * a.n + key;
+    float acc = 0.0f;
+    for (int i = 0; i < nr; ++i)
+        if (key <= a.few_pos[i % a.n_probes]) acc += exp2f(__ldcs(lg + static_cast<std::int64_t>(i) * a.n) - ls[i]);
+    a.col[static_cast<std::int64_t>(g) * a.n + key] = acc;
 }
 
 }  // namespace vlsparse::cuda::detail
