@@ -333,9 +333,6 @@ public:
                 }
             }
         }
-        const std::size_t b_q = few ? 0
-                                : mma ? align256(static_cast<std::size_t>(Hkv * qpk * npc * ((d <= 64 ? 64 : 128) / 16) * 32) * 16)
-                                    : align256(static_cast<std::size_t>(Hkv * rows * d) * 4);
         const std::int64_t ncb = (n + kProbeColTile - 1) / kProbeColTile;
         const std::size_t b_part = mma && !row_lse.lse ? align256(static_cast<std::size_t>(Hkv * rows * ncb) * 8) : 0;
         const std::size_t b_lse = align256(static_cast<std::size_t>(Hkv * rows) * 4) +
@@ -383,6 +380,22 @@ public:
         const std::size_t b_kb = align256(key_blocks.size() * 4) + align256(splits.size() * sizeof(int4));
         const std::size_t b_wrows = wg ? align256(static_cast<std::size_t>(rows) * 4) : 0;
         const std::size_t up = b_pos + b_cmax + b_first + b_probes + b_status + b_kb;
+        // Pass 2 alone over every row in the per-head layout, q of D columns: its chunks straight from q by
+        // the bulk tensor copy (ProbeArgs::q_tma), so no packed copy of q is made or allocated.
+        CUtensorMap tmap_q{};
+        bool q_tma = false;
+        if constexpr (same16) {
+            const bool every_row = np == n && probes.front() == 0 && probes.back() == n - 1;  // (ascending, unique)
+            if (wg && per_head && row_lse.lse && every_row && (d == 64 || d == 128) && q.stride[2] == 1 && q.stride[0] % 8 == 0 &&
+                q.stride[1] % 8 == 0 && reinterpret_cast<std::uintptr_t>(q.data) % 16 == 0 && probe_path_override().load() != 4)
+                q_tma = encode_rows_tensor_map<std::remove_const_t<TQ>>(tmap_q, q.data, static_cast<int>(d), static_cast<int>(n),
+                                                                        static_cast<int>(H), q.stride[0], q.stride[1], kProbeWgRows);
+        }
+        // The probe rows of q packed for the passes (none for the few-row kernel, which reads q itself, or
+        // under q_tma).
+        const std::size_t b_q = few || q_tma ? 0
+                                : mma ? align256(static_cast<std::size_t>(Hkv * qpk * npc * ((d <= 64 ? 64 : 128) / 16) * 32) * 16)
+                                      : align256(static_cast<std::size_t>(Hkv * rows * d) * 4);
         char* base = static_cast<char*>(work_.get(up + b_wrows + b_q + b_part + b_lse + b_col, fn));
         auto* pos_d = reinterpret_cast<std::int32_t*>(base);
         auto* cmax_d = reinterpret_cast<std::int32_t*>(base + b_pos);
@@ -465,15 +478,9 @@ public:
         a.row_lse = row_lse.lse;
         a.row_lse_s0 = row_lse.s0;
         a.row_lse_s1 = row_lse.s1;
-        // Pass 2 alone over every row in the per-head layout, q of D columns: its chunks straight from q.
-        if constexpr (same16) {
-            const bool every_row = np == n && probes.front() == 0 && probes.back() == n - 1;  // (ascending, unique)
-            if (wg && per_head && row_lse.lse && every_row && (d == 64 || d == 128) && q.stride[2] == 1 && q.stride[0] % 8 == 0 &&
-                q.stride[1] % 8 == 0 && reinterpret_cast<std::uintptr_t>(q.data) % 16 == 0 && probe_path_override().load() != 4)
-                a.q_tma = encode_rows_tensor_map<std::remove_const_t<TQ>>(a.tmap_q, q.data, static_cast<int>(d), static_cast<int>(n),
-                                                                          static_cast<int>(H), q.stride[0], q.stride[1], kProbeWgRows)
-                              ? 1
-                              : 0;
+        if (q_tma) {
+            a.tmap_q = tmap_q;
+            a.q_tma = 1;
         }
         if (!key_blocks.empty()) {
             a.key_blocks = kb_d;

@@ -28,7 +28,7 @@
 //   - CUDA cores for every other input (fp32, mixed types, d up to 256): one warp per probe row in
 //     pass 1, one thread per key in pass 2, fp32 arithmetic.
 // And for at most kProbeFewRows rows per KV head of 16-bit inputs (FastV's and A-VL's last row), a
-// CUDA-core kernel of its own: one thread per key, the logits kept between the passes
+// kernel of its own: every row against a 128-key tile at once, the logits kept between the passes
 // (probe_few_kernel, at the end of this file).
 // The loads that read q's probe rows and every element of K also check them: NaN / Inf in anything
 // the selection reads sets a status bit (no separate pass over the inputs).
@@ -1094,51 +1094,41 @@ __global__ void __launch_bounds__(kProbeSimtCols) probe_pass2_simt_kernel(const 
     if (key < a.n) a.col[static_cast<std::int64_t>(g) * a.n + key] = acc;
 }
 
-// ---- a few probe rows (FastV's and A-VL's last row, short observation windows): CUDA cores ------------
+// ---- a few probe rows (FastV's and A-VL's last row, short observation windows) --------------------------
 
-// At most kProbeFewRows (query head, probe) rows per KV head: the tensor-core passes would pad each
-// head's probes to a 16-row chunk and stream K tiles through a pipeline shaped for many rows. Here a
-// block owns 128 keys of one KV head, one thread per key: the block copies its key tile into shared
-// memory, each thread takes its key's row from there and every row's logit against it on the CUDA
-// cores (fp32), the rows' q in shared memory. Pass 1 writes each row's (max, sum) over the block's keys
-// (the part layout of the tensor-core passes, so probe_lse_kernel merges them) and the logits
-// (ProbeArgs::few_logit); pass 2 (probe_few_cols_kernel, or this kernel's second form where the caller
-// gave row_lse and pass 1 did not run) sums each key's probabilities over the rows in a fixed order into
-// col [H_kv][n] (rsplit 1). Every read element of q is checked, every element of K by pass 1. 16-bit q
-// and K of one type, K rows in 16-byte pieces, d <= D.
+// At most kProbeFewRows (query head, probe) rows per KV head: the chunked passes would pad each head's
+// probes to a 16-row chunk and stream K tiles through a pipeline shaped for many rows. Here a block owns
+// 128 keys of one KV head and computes their logits against all the rows at once (a few mma.sync per
+// warp). Pass 1 writes each row's (max, sum) over the block's keys (the part layout of the other passes,
+// so probe_lse_kernel merges them) and the logits (ProbeArgs::few_logit); pass 2 (probe_few_cols_kernel,
+// or this kernel's second form where the caller gave row_lse and pass 1 did not run) sums each key's
+// probabilities over the rows in a fixed order into col [H_kv][n] (rsplit 1). Every read element of q is
+// checked, every element of K by pass 1. 16-bit q and K of one type, K rows in 16-byte pieces, d <= D.
 
-// Eight 16-bit elements (a 16-byte piece) as floats.
-template <class T>
-__device__ __forceinline__ void unpack8(const uint4& w, float (&x)[8]) {
-    const unsigned u[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        if constexpr (std::is_same_v<T, bfloat16>) {
-            x[2 * i] = __uint_as_float(u[i] << 16);
-            x[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
-        } else {
-            x[2 * i] = __half2float(__ushort_as_half(static_cast<unsigned short>(u[i] & 0xffffu)));
-            x[2 * i + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(u[i] >> 16)));
-        }
-    }
-}
-
-// Grid: (ceil(n / 128) -- or the key-block subset's length, pass 2 --, H_kv), 128 threads. NR >= the
-// rows qpk * n_probes; rows past them are computed as zeros and never used. The probe positions come in
-// the arguments (ProbeArgs::few_pos), so no load waits for another: the K tile's copies are issued
-// first, q's rows (16-byte pieces where ProbeArgs::q_rows16) and the statistics load under them.
+// Grid: (ceil(n / 128) -- or the key-block subset's length, pass 2 --, H_kv), 128 threads. NR (8 or 16)
+// >= the rows qpk * n_probes; rows past them are zeros and never used. The probe positions come in the
+// arguments (ProbeArgs::few_pos), so no load waits for another: the K tile's copies are issued first,
+// q's rows (16-byte pieces where ProbeArgs::q_rows16) and the statistics load under them. The logits are
+// one mma.sync m16n8k16 per (16 keys, 8 rows, 16 dims): warp w's keys 32 w .. 32 w + 31 as A fragments
+// (ldmatrix from the tile), the rows as B fragments (from q's rows in shared memory), fp32 accumulation
+// of exact products, as on the other tensor-core paths.
 template <class T, int D, int NR, bool Pass1>
 __global__ void __launch_bounds__(kProbeColTile) probe_few_kernel(const __grid_constant__ ProbeArgs a) {
     dependent_entry();  // programmatic dependent launch: see common.cuh
-    static_assert(NR <= kProbeFewRows && D % 64 == 0, "few-row shape");
-    constexpr int CH = D / 8;  // 16-byte pieces per row
+    static_assert((NR == 8 || NR == 16) && NR <= kProbeFewRows && D % 64 == 0, "few-row shape");
+    constexpr int CH = D / 8;    // 16-byte pieces per row
+    constexpr int KS = D / 16;   // k-steps
+    constexpr int NT = NR / 8;   // n-tiles (8 rows each)
+    constexpr int QLD = D + 8;   // q rows' stride in elements (272 / 144 bytes: B fragment loads conflict-free)
+    constexpr unsigned E = std::is_same_v<T, bfloat16> ? 0x7f807f80u : 0x7c007c00u;  // exponent fields of a pair
     __shared__ __align__(128) unsigned char kt[kProbeColTile * D * 2];  // piece c of row r at (r CH + (c ^ (r & 7))) 16
-    __shared__ __align__(16) float qs[NR][D];
+    __shared__ __align__(16) unsigned short qs[NR][QLD];
     __shared__ float ls[NR];
     __shared__ float wm[kProbeColTile / 32][NR], wl[kProbeColTile / 32][NR];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = blockIdx.y;
+    const int gq = lane >> 2, tq = lane & 3;
     const int kb = !Pass1 && a.key_blocks ? a.key_blocks[blockIdx.x] : static_cast<int>(blockIdx.x);
-    const int col0 = kb * kProbeColTile, key = col0 + tid;
+    const int col0 = kb * kProbeColTile;
     const int nr = a.qpk * a.n_probes;
     const std::int64_t rows = static_cast<std::int64_t>(a.qpk) * a.npc * 16;  // padded rows per KV head
     {   // the block's 128 keys, whole rows per 16 threads (zeros past n and past d)
@@ -1151,7 +1141,8 @@ __global__ void __launch_bounds__(kProbeColTile) probe_few_kernel(const __grid_c
         }
         copy_commit();
     }
-    // Row i: query head i / n_probes of the group, probe i % n_probes (padded row index r).
+    // Row i: query head i / n_probes of the group, probe i % n_probes (padded row index r). Its elements
+    // as they are (q is of K's 16-bit type), zeros past nr and past d.
     bool bad = false;
     if (a.q_rows16) {
         for (int e = tid; e < NR * CH; e += kProbeColTile) {
@@ -1161,23 +1152,20 @@ __global__ void __launch_bounds__(kProbeColTile) probe_few_kernel(const __grid_c
                 const int hl = i / a.n_probes, pr = i % a.n_probes;
                 w = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(a.q) + static_cast<std::int64_t>(a.few_pos[pr]) * a.q_s0 +
                                                          static_cast<std::int64_t>(g * a.qpk + hl) * a.q_s1) + c);
-                constexpr unsigned E = std::is_same_v<T, bfloat16> ? 0x7f807f80u : 0x7c007c00u;
                 bad |= (__vcmpeq2(w.x & E, E) | __vcmpeq2(w.y & E, E) | __vcmpeq2(w.z & E, E) | __vcmpeq2(w.w & E, E)) != 0;
             }
-            float x[8];
-            unpack8<T>(w, x);
-            *reinterpret_cast<float4*>(&qs[i][8 * c]) = make_float4(x[0], x[1], x[2], x[3]);
-            *reinterpret_cast<float4*>(&qs[i][8 * c + 4]) = make_float4(x[4], x[5], x[6], x[7]);
+            *reinterpret_cast<uint4*>(&qs[i][8 * c]) = w;
         }
     } else {
         for (int e = tid; e < NR * D; e += kProbeColTile) {
             const int i = e / D, c = e % D;
-            float x = 0.0f;
+            unsigned short x = 0;
             if (i < nr && c < a.d) {
                 const int hl = i / a.n_probes, pr = i % a.n_probes;
-                x = ld_elem(a.q, a.q_type, static_cast<std::int64_t>(a.few_pos[pr]) * a.q_s0 +
-                                               static_cast<std::int64_t>(g * a.qpk + hl) * a.q_s1 + static_cast<std::int64_t>(c) * a.q_s2);
-                bad |= !isfinite(x);
+                x = static_cast<const unsigned short*>(a.q)[static_cast<std::int64_t>(a.few_pos[pr]) * a.q_s0 +
+                                                            static_cast<std::int64_t>(g * a.qpk + hl) * a.q_s1 +
+                                                            static_cast<std::int64_t>(c) * a.q_s2];
+                bad |= (x & (E & 0xffffu)) == (E & 0xffffu);
             }
             qs[i][c] = x;
         }
@@ -1189,61 +1177,66 @@ __global__ void __launch_bounds__(kProbeColTile) probe_few_kernel(const __grid_c
     }
     copy_wait<0>();
     __syncthreads();
-    // The thread's key: its row's pieces from the tile (8 consecutive rows cover the 32 banks).
-    uint4 kr[CH];
+    // The rows as B fragments: n-tile nt, k-step ks -> row 8 nt + gq, dims 16 ks + 2 tq (+ 1, + 8, + 9).
+    unsigned bf[NT][KS][2];
 #pragma unroll
-    for (int c = 0; c < CH; ++c) kr[c] = *reinterpret_cast<const uint4*>(kt + (tid * CH + (c ^ (tid & 7))) * 16);
-    if (Pass1) {
-        constexpr unsigned E = std::is_same_v<T, bfloat16> ? 0x7f807f80u : 0x7c007c00u;
-        unsigned hits = 0;
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int c = 0; c < CH; ++c)
-            hits |= __vcmpeq2(kr[c].x & E, E) | __vcmpeq2(kr[c].y & E, E) | __vcmpeq2(kr[c].z & E, E) | __vcmpeq2(kr[c].w & E, E);
-        bad |= hits != 0;
-    }
+        for (int ks = 0; ks < KS; ++ks) {
+            bf[nt][ks][0] = *reinterpret_cast<const unsigned*>(&qs[8 * nt + gq][16 * ks + 2 * tq]);
+            bf[nt][ks][1] = *reinterpret_cast<const unsigned*>(&qs[8 * nt + gq][16 * ks + 2 * tq + 8]);
+        }
+    // c[mt][nt]: keys 32 w + 16 mt + gq (+ 8 for elements 2, 3), rows 8 nt + 2 tq (+ 1 for elements 1, 3).
+    float acc[2][NT][4] = {};
+    unsigned hits = 0;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks) {
+            const int mi = lane >> 3, row = 32 * warp + 16 * mt + (mi & 1) * 8 + (lane & 7), c = 2 * ks + (mi >> 1);
+            unsigned a0, a1, a2, a3;
+            ldsm_x4(a0, a1, a2, a3, kt + (row * CH + (c ^ (row & 7))) * 16);
+            if (Pass1) hits |= __vcmpeq2(a0 & E, E) | __vcmpeq2(a1 & E, E) | __vcmpeq2(a2 & E, E) | __vcmpeq2(a3 & E, E);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) mma_m16n8k16<T>(acc[mt][nt], a0, a1, a2, a3, bf[nt][ks][0], bf[nt][ks][1]);
+        }
+    bad |= hits != 0;
     if (bad && a.status) atomicOr(a.status, kInputNonFinite);
-    float s[NR];
-#pragma unroll
-    for (int i = 0; i < NR; ++i) s[i] = 0.0f;
-#pragma unroll
-    for (int c = 0; c < CH; ++c) {
-        float x[8];
-        unpack8<T>(kr[c], x);
-#pragma unroll
-        for (int i = 0; i < NR; ++i) {
-            const float4 q0 = *reinterpret_cast<const float4*>(&qs[i][8 * c]);
-            const float4 q1 = *reinterpret_cast<const float4*>(&qs[i][8 * c + 4]);
-            float t = s[i];
-            t = fmaf(q0.x, x[0], t);
-            t = fmaf(q0.y, x[1], t);
-            t = fmaf(q0.z, x[2], t);
-            t = fmaf(q0.w, x[3], t);
-            t = fmaf(q1.x, x[4], t);
-            t = fmaf(q1.y, x[5], t);
-            t = fmaf(q1.z, x[6], t);
-            s[i] = fmaf(q1.w, x[7], t);
-        }
-    }
-    const bool kok = key < a.n;
+    const int key0 = col0 + 32 * warp + gq;  // + 16 mt + 8 (e >> 1)
     if constexpr (Pass1) {
-        // Each row's (max, sum) over the block's keys at or before its position: the warp's by a
-        // butterfly, then the four warps' in order.
+        // Each row's (max, sum) over the block's keys at or before its position: the thread's four keys,
+        // then the eight lanes sharing the row (xor 4, 8, 16), then the four warps in order. The logits
+        // go to few_logit.
 #pragma unroll
-        for (int i = 0; i < NR; ++i) {
-            const int p = i < nr ? a.few_pos[i % a.n_probes] : -1;
-            if (a.few_logit && kok && i < nr) a.few_logit[(static_cast<std::int64_t>(g) * nr + i) * a.n + key] = s[i] * a.scale_log2;
-            const float v = kok && key <= p ? s[i] * a.scale_log2 : -INFINITY;
-            float m = v;
+        for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-            for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-            float l = m == -INFINITY ? 0.0f : exp2f(v - m);
+            for (int h = 0; h < 2; ++h) {
+                const int i = 8 * nt + 2 * tq + h;
+                const int p = i < nr ? a.few_pos[i % a.n_probes] : -1;
+                float v[4];
 #pragma unroll
-            for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
-            if (lane == 0) {
-                wm[warp][i] = m;
-                wl[warp][i] = l;
+                for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                    for (int hi = 0; hi < 2; ++hi) {
+                        const int key = key0 + 16 * mt + 8 * hi;
+                        const float x = acc[mt][nt][2 * hi + h] * a.scale_log2;
+                        if (a.few_logit && i < nr && key < a.n) a.few_logit[(static_cast<std::int64_t>(g) * nr + i) * a.n + key] = x;
+                        v[2 * mt + hi] = key < a.n && key <= p ? x : -INFINITY;
+                    }
+                float m = fmaxf(fmaxf(v[0], v[1]), fmaxf(v[2], v[3]));
+#pragma unroll
+                for (int o = 4; o < 32; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+                float l = 0.0f;
+                if (m != -INFINITY)
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) l += exp2f(v[u] - m);
+#pragma unroll
+                for (int o = 4; o < 32; o <<= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+                if (gq == 0) {
+                    wm[warp][i] = m;
+                    wl[warp][i] = l;
+                }
             }
-        }
         __syncthreads();
         if (tid < nr && a.few_pos[tid % a.n_probes] >= col0) {
             float m = -INFINITY, l = 0.0f;
@@ -1253,11 +1246,24 @@ __global__ void __launch_bounds__(kProbeColTile) probe_few_kernel(const __grid_c
             a.part[(static_cast<std::int64_t>(g) * rows + tid / a.n_probes * a.npc * 16 + tid % a.n_probes) * ncb + kb] = make_float2(m, l);
         }
     } else {
-        float acc = 0.0f;
+        // Each key's probabilities: the thread's rows, then the four lanes sharing the key (xor 1, 2).
 #pragma unroll
-        for (int i = 0; i < NR; ++i)
-            if (i < nr && key <= a.few_pos[i % a.n_probes]) acc += exp2f(fmaf(s[i], a.scale_log2, -ls[i]));
-        if (kok) a.col[static_cast<std::int64_t>(g) * a.n + key] = acc;
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int hi = 0; hi < 2; ++hi) {
+                const int key = key0 + 16 * mt + 8 * hi;
+                float t = 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int i = 8 * nt + 2 * tq + h;
+                        if (i < nr && key <= a.few_pos[i % a.n_probes]) t += exp2f(fmaf(acc[mt][nt][2 * hi + h], a.scale_log2, -ls[i]));
+                    }
+                t += __shfl_xor_sync(0xffffffffu, t, 1);
+                t += __shfl_xor_sync(0xffffffffu, t, 2);
+                if (tq == 0 && key < a.n) a.col[static_cast<std::int64_t>(g) * a.n + key] = t;
+            }
     }
 }
 
