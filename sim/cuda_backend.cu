@@ -13,7 +13,8 @@
 //   order), so no output crosses to the host except in residual mode (prefill_output).
 // - Scoring: PrefillScoring on the device rows -- ZipVL (cuda::ZipVLSelector), H2O / SnapKV / FastV /
 //   A-VL's last-row scores (cuda::BaselineScorer), PureKV's window scores (cuda::PureKVEstimator's
-//   kernels); the policies rank them with their CPU code. BlindSight's masks and the list-only
+//   kernels); the policies rank them with their CPU code. H2O's and A-VL's text scores take the rows'
+//   log-sum-exp from the dense prefill of the same rows where it ran (it writes them) at the same scale. BlindSight's masks and the list-only
 //   baselines need no q / k arithmetic; PureKV's V norms (O(n d)) are read from the host views.
 // - KV cache: one bf16 buffer [n + decode_steps, H_kv, d] per run and layer indexed by position, and
 //   the positions each KV head holds, on the host (KvCache::keep's contract). Eviction only changes
@@ -272,6 +273,7 @@ public:
             upload_bf16(rows.q, rows.m * H * d, staging_, q_.get(static_cast<std::size_t>(rows.m * H * d)));
             upload_bf16(rows.k, rows.m * Hkv * d, staging_, k_.get(static_cast<std::size_t>(rows.m * Hkv * d)));
             upload_bf16(rows.v, rows.m * Hkv * d, staging_, v_.get(static_cast<std::size_t>(rows.m * Hkv * d)));
+            ++upload_gen_;
         }
         rows_ = rows;
         m_ = rows.m;
@@ -283,8 +285,14 @@ public:
     double dense_prefill() override {
         Timer& t = timer_;
         t.start();
-        ::vlsparse::cuda::dense_prefill_attention(qv(), kv(), vv(), ov(), prefill_opt());
-        return t.stop();
+        // (with each row's log-sum-exp, which H2O's and A-VL's text scores of these rows then take instead
+        // of a pass over every key of their own)
+        ::vlsparse::cuda::dense_prefill_attention(qv(), kv(), vv(), ov(),
+                                                  View2<float>(lse_.get(static_cast<std::size_t>(m_ * shape_.heads)), {m_, shape_.heads}),
+                                                  prefill_opt());
+        const double s = t.stop();
+        lse_gen_ = upload_gen_;
+        return s;
     }
     double sparse_prefill(const TokenSelection& rows, UnselectedRows unselected) override {
         lists_.upload(rows.indices);
@@ -420,6 +428,14 @@ public:
                 "the layer's q / k are not the rows the CUDA backend holds (set_rows first)");
     }
     Buf<float>& staging() { return staging_; }
+    // The current rows' log-sum-exp [m, H] from their dense prefill, for scores at the prefill's scale; a
+    // null view where there is none (the rows changed since, or another scale).
+    View2<const float> row_lse(const AttentionOptions& opt) const {
+        const std::int64_t d = shape_.head_dim;
+        const bool same_scale = ::vlsparse::detail::resolve_scale(opt, d, kFn) == ::vlsparse::detail::resolve_scale({}, d, kFn);
+        if (lse_gen_ != upload_gen_ || !same_scale) return {};
+        return {lse_.a.data(), {m_, shape_.heads}};
+    }
     ::vlsparse::cuda::ZipVLSelector zipvl;
     ::vlsparse::cuda::BaselineScorer scorer;
 
@@ -479,7 +495,8 @@ private:
     std::string device_;
     SimRows rows_;
     std::int64_t uploaded_id_ = -1;
-    Buf<float> staging_, out_, ref_, out1_, probs_;
+    std::int64_t upload_gen_ = 0, lse_gen_ = -1;  // uploads of rows so far; the one whose dense prefill wrote lse_
+    Buf<float> staging_, out_, ref_, out1_, probs_, lse_;
     Buf<bfloat16> q_, k_, v_, q1_;
     Buf<std::int32_t> pos_, seq_len_dev_;
     Buf<std::uint8_t> computed_;
@@ -536,13 +553,17 @@ std::vector<double> CudaScoring::last_row_scores(const PrefillLayer& in, const A
 std::vector<std::vector<double>> CudaScoring::h2o_scores(const PrefillLayer& in, BaselineGroups groups,
                                                          const AttentionOptions& opt) {
     b_->check_rows(in, "cuda scoring: h2o_scores");
+    if (const View2<const float> lse = b_->row_lse(opt); lse.data) return b_->scorer.h2o_scores(b_->qv(), b_->kv(), lse, groups, opt);
     return b_->scorer.h2o_scores(b_->qv(), b_->kv(), groups, opt);
 }
 
 std::vector<std::vector<double>> CudaScoring::avl_h2o_scores(const PrefillLayer& in, AvlTextGroups groups,
                                                              const AttentionOptions& opt) {
     b_->check_rows(in, "cuda scoring: avl_h2o_scores");
-    if (groups == AvlTextGroups::per_kv_head) return b_->scorer.h2o_scores(b_->qv(), b_->kv(), BaselineGroups::kv_head, opt);
+    const View2<const float> lse = b_->row_lse(opt);  // (null: none for these rows)
+    if (groups == AvlTextGroups::per_kv_head)
+        return lse.data ? b_->scorer.h2o_scores(b_->qv(), b_->kv(), lse, BaselineGroups::kv_head, opt)
+                        : b_->scorer.h2o_scores(b_->qv(), b_->kv(), BaselineGroups::kv_head, opt);
     // Per query head: H2O's sums of one head at a time (its q rows, its KV head's k rows), one group each.
     const View3<const bfloat16> q = b_->qv(), k = b_->kv();
     const std::int64_t m = q.shape[0], H = q.shape[1], d = q.shape[2], qpk = H / k.shape[1];
@@ -550,7 +571,9 @@ std::vector<std::vector<double>> CudaScoring::avl_h2o_scores(const PrefillLayer&
     out.reserve(static_cast<std::size_t>(H));
     for (std::int64_t h = 0; h < H; ++h) {
         const View3<const bfloat16> qh(q.row(0, h), {m, 1, d}, q.stride), kh(k.row(0, h / qpk), {m, 1, d}, k.stride);
-        auto s = b_->scorer.h2o_scores(qh, kh, BaselineGroups::kv_head, opt);
+        auto s = lse.data ? b_->scorer.h2o_scores(qh, kh, View2<const float>(lse.data + h, {m, 1}, {lse.stride[0], 1}),
+                                                  BaselineGroups::kv_head, opt)
+                          : b_->scorer.h2o_scores(qh, kh, BaselineGroups::kv_head, opt);
         out.push_back(std::move(s.at(0)));
     }
     return out;

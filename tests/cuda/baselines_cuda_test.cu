@@ -269,6 +269,9 @@ void device_select_case(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::i
                     const TokenSelection gl = sc.h2o_device_select(qv, kv, lse_v, P).to_host();
                     check_close(gl.scores, host_scores, "H2O score with row_lse given");
                     REQUIRE(gl.indices == h2o_select_from_scores(gl.scores, P).indices);
+                    // The host scores' overload with row_lse (what the simulator's cuda backend calls).
+                    sc.fill_workspace(0xff);
+                    check_close(sc.h2o_scores(qv, kv, lse_v, groups, P.attention()), host_scores, "H2O host score with row_lse given");
                 }
             cuda::detail::probe_path_override().store(0);
         }
@@ -383,5 +386,10 @@ TEST_CASE("cuda baselines: device selection errors", "[cuda][baselines][device_s
                             Contains("row_lse has shape [64, 5], expected [64, 4]"));
         REQUIRE_THROWS_WITH(sc.h2o_device_select(qv, kv, View2<const float>(nullptr, {n, H}), P), Contains("row_lse is a null view"));
         REQUIRE(sc.h2o_device_select(qv, kv, P).indptr.back() == 2 * 16);  // still usable
+        // The host scores' overload: the same checks.
+        REQUIRE_THROWS_WITH(sc.h2o_scores(qv, kv, View2<const float>(lsed.data(), {n, H}), BaselineGroups::kv_head),
+                            Contains("row_lse holds NaN or Inf"));
+        REQUIRE_THROWS_WITH(sc.h2o_scores(qv, kv, View2<const float>(lsed.data(), {n, H + 1}), BaselineGroups::layer),
+                            Contains("row_lse has shape [64, 5], expected [64, 4]"));
     }
 }

@@ -85,6 +85,22 @@ public:
         return scores(q, k, rows, groups == BaselineGroups::kv_head, q.shape[0], opt, -1, 0, stream, fn);
     }
 
+    // The same with each row's log-sum-exp of the layer's causal attention given (row_lse [n, H], device,
+    // natural log, for the same scale: what cuda::dense_prefill_attention writes with its lse argument):
+    // no pass over every key for the rows' statistics (see h2o_device_select's overload for what is then
+    // checked). A non-finite row_lse is an error naming it.
+    template <ElementType TQ, ElementType TK>
+    std::vector<std::vector<double>> h2o_scores(View3<const TQ> q, View3<const TK> k, View2<const float> row_lse,
+                                                BaselineGroups groups, const AttentionOptions& opt = {},
+                                                cudaStream_t stream = 0) {
+        constexpr const char* fn = "cuda::h2o_scores";
+        check(q, k, fn);
+        const detail::ProbeRowLse lse = detail::checked_row_lse(row_lse, q.shape[0], q.shape[1], fn);
+        std::vector<std::int64_t> rows(static_cast<std::size_t>(q.shape[0]));
+        std::iota(rows.begin(), rows.end(), std::int64_t{0});
+        return scores(q, k, rows, groups == BaselineGroups::kv_head, q.shape[0], opt, -1, 0, stream, fn, lse);
+    }
+
     template <ElementType TQ, ElementType TK>
     TokenSelection h2o_select(View3<const TQ> q, View3<const TK> k, const H2OParams& P, cudaStream_t stream = 0) {
         P.validate("cuda::h2o_select");
@@ -321,8 +337,8 @@ private:
     template <ElementType TQ, ElementType TK>
     std::vector<std::vector<double>> scores(View3<const TQ> q, View3<const TK> k, const std::vector<std::int64_t>& rows,
                                             bool per_kv_head, std::int64_t L, const AttentionOptions& opt, int pool_mode,
-                                            int kernel, cudaStream_t stream, const char* fn) {
-        const DeviceScores ds = device_scores(q, k, rows, per_kv_head, L, opt, pool_mode, kernel, stream, fn);
+                                            int kernel, cudaStream_t stream, const char* fn, detail::ProbeRowLse row_lse = {}) {
+        const DeviceScores ds = device_scores(q, k, rows, per_kv_head, L, opt, pool_mode, kernel, stream, fn, row_lse);
         const std::int64_t G = ds.G;
         std::vector<float> host(static_cast<std::size_t>(G * L));
         int status = 0;
