@@ -28,6 +28,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <numeric>
@@ -431,8 +432,9 @@ public:
     // The current rows' log-sum-exp [m, H] from their dense prefill, for scores at the prefill's scale; a
     // null view where there is none (the rows changed since, or another scale).
     View2<const float> row_lse(const AttentionOptions& opt) const {
-        const std::int64_t d = shape_.head_dim;
-        const bool same_scale = ::vlsparse::detail::resolve_scale(opt, d, kFn) == ::vlsparse::detail::resolve_scale({}, d, kFn);
+        // (the dense prefill's scale: 1 / sqrt(d), rounded to fp32, what scale 0 means everywhere)
+        const float prefill_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape_.head_dim)));
+        const bool same_scale = opt.scale == 0.0f || opt.scale == prefill_scale;
         if (lse_gen_ != upload_gen_ || !same_scale) return {};
         return {lse_.a.data(), {m_, shape_.heads}};
     }
