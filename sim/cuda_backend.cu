@@ -14,8 +14,9 @@
 // - Scoring: PrefillScoring on the device rows -- ZipVL (cuda::ZipVLSelector), H2O / SnapKV / FastV /
 //   A-VL's last-row scores (cuda::BaselineScorer), PureKV's window scores (cuda::PureKVEstimator's
 //   kernels); the policies rank them with their CPU code. H2O's and A-VL's text scores take the rows'
-//   log-sum-exp from the dense prefill of the same rows where it ran (it writes them) at the same scale. BlindSight's masks and the list-only
-//   baselines need no q / k arithmetic; PureKV's V norms (O(n d)) are read from the host views.
+//   log-sum-exp from the dense prefill of the same rows where it ran (it writes them) at the same scale.
+//   BlindSight's masks and the list-only baselines need no q / k arithmetic; PureKV's V norms (O(n d))
+//   are read from the host views.
 // - KV cache: one bf16 buffer [n + decode_steps, H_kv, d] per run and layer indexed by position, and
 //   the positions each KV head holds, on the host (KvCache::keep's contract). Eviction only changes
 //   the position lists: decode reads the kept positions through row lists, so the bytes it reads are
@@ -438,6 +439,11 @@ public:
         if (lse_gen_ != upload_gen_ || !same_scale) return {};
         return {lse_.a.data(), {m_, shape_.heads}};
     }
+    // H2O's scores of device rows, with their row statistics where lse is not null.
+    std::vector<std::vector<double>> h2o_scores(View3<const bfloat16> q, View3<const bfloat16> k, View2<const float> lse,
+                                                BaselineGroups groups, const AttentionOptions& opt) {
+        return lse.data ? scorer.h2o_scores(q, k, lse, groups, opt) : scorer.h2o_scores(q, k, groups, opt);
+    }
     ::vlsparse::cuda::ZipVLSelector zipvl;
     ::vlsparse::cuda::BaselineScorer scorer;
 
@@ -555,17 +561,14 @@ std::vector<double> CudaScoring::last_row_scores(const PrefillLayer& in, const A
 std::vector<std::vector<double>> CudaScoring::h2o_scores(const PrefillLayer& in, BaselineGroups groups,
                                                          const AttentionOptions& opt) {
     b_->check_rows(in, "cuda scoring: h2o_scores");
-    if (const View2<const float> lse = b_->row_lse(opt); lse.data) return b_->scorer.h2o_scores(b_->qv(), b_->kv(), lse, groups, opt);
-    return b_->scorer.h2o_scores(b_->qv(), b_->kv(), groups, opt);
+    return b_->h2o_scores(b_->qv(), b_->kv(), b_->row_lse(opt), groups, opt);
 }
 
 std::vector<std::vector<double>> CudaScoring::avl_h2o_scores(const PrefillLayer& in, AvlTextGroups groups,
                                                              const AttentionOptions& opt) {
     b_->check_rows(in, "cuda scoring: avl_h2o_scores");
     const View2<const float> lse = b_->row_lse(opt);  // (null: none for these rows)
-    if (groups == AvlTextGroups::per_kv_head)
-        return lse.data ? b_->scorer.h2o_scores(b_->qv(), b_->kv(), lse, BaselineGroups::kv_head, opt)
-                        : b_->scorer.h2o_scores(b_->qv(), b_->kv(), BaselineGroups::kv_head, opt);
+    if (groups == AvlTextGroups::per_kv_head) return b_->h2o_scores(b_->qv(), b_->kv(), lse, BaselineGroups::kv_head, opt);
     // Per query head: H2O's sums of one head at a time (its q rows, its KV head's k rows), one group each.
     const View3<const bfloat16> q = b_->qv(), k = b_->kv();
     const std::int64_t m = q.shape[0], H = q.shape[1], d = q.shape[2], qpk = H / k.shape[1];
@@ -573,9 +576,8 @@ std::vector<std::vector<double>> CudaScoring::avl_h2o_scores(const PrefillLayer&
     out.reserve(static_cast<std::size_t>(H));
     for (std::int64_t h = 0; h < H; ++h) {
         const View3<const bfloat16> qh(q.row(0, h), {m, 1, d}, q.stride), kh(k.row(0, h / qpk), {m, 1, d}, k.stride);
-        auto s = lse.data ? b_->scorer.h2o_scores(qh, kh, View2<const float>(lse.data + h, {m, 1}, {lse.stride[0], 1}),
-                                                  BaselineGroups::kv_head, opt)
-                          : b_->scorer.h2o_scores(qh, kh, BaselineGroups::kv_head, opt);
+        const View2<const float> lse_h = lse.data ? View2<const float>(lse.data + h, {m, 1}, {lse.stride[0], 1}) : View2<const float>{};
+        auto s = b_->h2o_scores(qh, kh, lse_h, BaselineGroups::kv_head, opt);
         out.push_back(std::move(s.at(0)));
     }
     return out;

@@ -80,9 +80,7 @@ public:
                                                 const AttentionOptions& opt = {}, cudaStream_t stream = 0) {
         constexpr const char* fn = "cuda::h2o_scores";
         check(q, k, fn);
-        std::vector<std::int64_t> rows(static_cast<std::size_t>(q.shape[0]));
-        std::iota(rows.begin(), rows.end(), std::int64_t{0});
-        return scores(q, k, rows, groups == BaselineGroups::kv_head, q.shape[0], opt, -1, 0, stream, fn);
+        return h2o_scores_impl(q, k, {}, groups, opt, stream, fn);
     }
 
     // The same with each row's log-sum-exp of the layer's causal attention given (row_lse [n, H], device,
@@ -95,10 +93,7 @@ public:
                                                 cudaStream_t stream = 0) {
         constexpr const char* fn = "cuda::h2o_scores";
         check(q, k, fn);
-        const detail::ProbeRowLse lse = detail::checked_row_lse(row_lse, q.shape[0], q.shape[1], fn);
-        std::vector<std::int64_t> rows(static_cast<std::size_t>(q.shape[0]));
-        std::iota(rows.begin(), rows.end(), std::int64_t{0});
-        return scores(q, k, rows, groups == BaselineGroups::kv_head, q.shape[0], opt, -1, 0, stream, fn, lse);
+        return h2o_scores_impl(q, k, detail::checked_row_lse(row_lse, q.shape[0], q.shape[1], fn), groups, opt, stream, fn);
     }
 
     template <ElementType TQ, ElementType TK>
@@ -188,6 +183,15 @@ public:
     }
 
 private:
+    template <ElementType TQ, ElementType TK>
+    std::vector<std::vector<double>> h2o_scores_impl(View3<const TQ> q, View3<const TK> k, detail::ProbeRowLse row_lse,
+                                                     BaselineGroups groups, const AttentionOptions& opt, cudaStream_t stream,
+                                                     const char* fn) {  // (q and k checked by the caller)
+        std::vector<std::int64_t> rows(static_cast<std::size_t>(q.shape[0]));
+        std::iota(rows.begin(), rows.end(), std::int64_t{0});
+        return scores(q, k, rows, groups == BaselineGroups::kv_head, q.shape[0], opt, -1, 0, stream, fn, row_lse);
+    }
+
     template <ElementType TQ, ElementType TK>
     const DeviceSelection& h2o_device_select_impl(View3<const TQ> q, View3<const TK> k, detail::ProbeRowLse row_lse,
                                                   const H2OParams& P, cudaStream_t stream, const char* fn) {
