@@ -137,11 +137,12 @@ int main(int argc, char** argv) {
         std::vector<bfloat16> vh(k);
         cuda::DeviceArray<bfloat16> vd(vh);
         const View3<const bfloat16> vv(vd.data(), {n, Hkv, d});
-        // The layer's dense prefill with and without each row's log-sum-exp (the row statistics H2O and
-        // A-VL's text budget can take from it), timed; its lse kept for those selections.
-        cuda::DeviceArray<float> lsed(static_cast<std::size_t>(want("h2o") || want("avl") ? n * H : 1));
+        // The layer's dense prefill with and without each row's log-sum-exp (the row statistics H2O,
+        // SnapKV, FastV and A-VL can take from it), timed; its lse kept for those selections.
+        const bool with_lse = want("h2o") || want("avl") || want("fastv") || want("snapkv");
+        cuda::DeviceArray<float> lsed(static_cast<std::size_t>(with_lse ? n * H : 1));
         const View2<const float> lc(lsed.data(), {n, H});
-        if (want("h2o") || want("avl")) {
+        if (with_lse) {
             cuda::DeviceArray<bfloat16> od(static_cast<std::size_t>(n * H * d));
             const View3<bfloat16> ov(od.data(), {n, H, d});
             const View2<float> lv(lsed.data(), {n, H});
@@ -171,12 +172,18 @@ int main(int argc, char** argv) {
             P.capacity = TokenBudget::ratio(0.2);
             const double med = timer.median_us([&] { scorer.snapkv_device_select(qv, kv, P); }, warmup, reps);
             row("snapkv_select", med, scorer.snapkv_device_select(qv, kv, P).kept_ratio(), "window 32 avg pool 7 capacity 20% per KV head");
+            const double medl = timer.median_us([&] { scorer.snapkv_device_select(qv, kv, lc, P); }, warmup, reps);
+            row("snapkv_select_lse", medl, scorer.snapkv_device_select(qv, kv, lc, P).kept_ratio(),
+                "as snapkv_select, the window rows' log-sum-exp from the prefill given");
         }
         if (want("fastv")) {
             FastVParams P;
             P.rate = 0.5;
             const double med = timer.median_us([&] { scorer.fastv_device_select(qv, kv, layout, P); }, warmup, reps);
             row("fastv_select", med, scorer.fastv_device_select(qv, kv, layout, P).kept_ratio(), "rate 0.5 (also A-VL's prefill score)");
+            const double medl = timer.median_us([&] { scorer.fastv_device_select(qv, kv, lc, layout, P); }, warmup, reps);
+            row("fastv_select_lse", medl, scorer.fastv_device_select(qv, kv, lc, layout, P).kept_ratio(),
+                "as fastv_select, the last row's log-sum-exp from the prefill given (one pass over the keys)");
         }
         if (want("purekv")) {
             PureKVParams P;  // window 32, 20% budget, per KV head, l0 = 2
@@ -190,6 +197,9 @@ int main(int argc, char** argv) {
             AvlParams P;  // rate 0.5, compute_rate 0.7: kept and core sets (two list builds)
             const double med = timer.median_us([&] { avl.select(qv, kv, layout, P); }, warmup, reps);
             row("avl_select", med, avl.select(qv, kv, layout, P).kept.kept_ratio(), "rate 0.5 compute_rate 0.7 kept + core sets");
+            const double meda = timer.median_us([&] { avl.select(qv, kv, lc, layout, P); }, warmup, reps);
+            row("avl_select_lse", meda, avl.select(qv, kv, lc, layout, P).kept.kept_ratio(),
+                "as avl_select, the last row's log-sum-exp from the prefill given (one pass over the keys)");
             if (n > 1024) {
                 // The text budget (H2O for the text tokens) on a layout with 512 text tokens around the image:
                 // every row scored against every key (as H2O's own selection), and with the rows' log-sum-exp

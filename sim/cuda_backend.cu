@@ -555,7 +555,8 @@ ZipVLSelection CudaScoring::zipvl_select(const PrefillLayer& in, const Layout& l
 
 std::vector<double> CudaScoring::last_row_scores(const PrefillLayer& in, const AttentionOptions& opt) {
     b_->check_rows(in, "cuda scoring: last_row_scores");
-    return b_->scorer.fastv_scores(b_->qv(), b_->kv(), opt);
+    const View2<const float> lse = b_->row_lse(opt);  // (null: none for these rows)
+    return lse.data ? b_->scorer.fastv_scores(b_->qv(), b_->kv(), lse, opt) : b_->scorer.fastv_scores(b_->qv(), b_->kv(), opt);
 }
 
 std::vector<std::vector<double>> CudaScoring::h2o_scores(const PrefillLayer& in, BaselineGroups groups,
@@ -585,7 +586,8 @@ std::vector<std::vector<double>> CudaScoring::avl_h2o_scores(const PrefillLayer&
 
 TokenSelection CudaScoring::snapkv_select(const PrefillLayer& in, const SnapKVParams& P) {
     b_->check_rows(in, "cuda scoring: snapkv_select");
-    return b_->scorer.snapkv_select(b_->qv(), b_->kv(), P);
+    const View2<const float> lse = b_->row_lse(P.attention());
+    return lse.data ? b_->scorer.snapkv_select(b_->qv(), b_->kv(), lse, P) : b_->scorer.snapkv_select(b_->qv(), b_->kv(), P);
 }
 
 // Eq. 2 by cuda::PureKVEstimator's window-score kernels: an estimator for this one layer (l0 = the

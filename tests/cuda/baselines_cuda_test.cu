@@ -243,6 +243,11 @@ void device_select_case(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::i
                                              : std::vector<float>(static_cast<std::size_t>(n * H), 0.0f);
     const cuda::DeviceArray<float> lse_d(lse);
     const View2<const float> lse_v(lse_d.data(), {n, H});
+    const std::int64_t window = std::min<std::int64_t>(n, 1 + static_cast<std::int64_t>(seed % 13));  // SnapKV's
+    const std::vector<float> lse_w =
+        vt::row_lse_of(View3<const T>(q.data(), {n, H, d}), View3<const T>(k.data(), {n, Hkv, d}), n - window);
+    const cuda::DeviceArray<float> lse_wd(lse_w);
+    const View2<const float> lse_wv(lse_wd.data(), {n, H});
     for (auto groups : {BaselineGroups::kv_head, BaselineGroups::layer}) {
         for (double heavy : {0.0, 0.1, 0.37, 0.9}) {
             H2OParams P;
@@ -278,7 +283,7 @@ void device_select_case(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::i
         for (double cap : {0.05, 0.3, 0.75, 1.0}) {
             SnapKVParams P;
             P.groups = groups;
-            P.window = std::min<std::int64_t>(n, 1 + static_cast<std::int64_t>(seed % 13));
+            P.window = window;
             P.kernel = 3;
             P.pooling = seed % 2 ? SnapKVPooling::max : SnapKVPooling::avg;
             P.capacity = TokenBudget::tokens(std::max<std::int64_t>(P.window, static_cast<std::int64_t>(cap * static_cast<double>(n))));
@@ -288,8 +293,27 @@ void device_select_case(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::i
             INFO("snapkv capacity " << P.capacity.count << " window " << P.window);
             REQUIRE(got.indices == want.indices);
             REQUIRE(got.scores == want.scores);
+            // The window rows' statistics given (every other row of row_lse NaN: only the window is read).
+            const auto pooled = sc.snapkv_pooled_scores(qv, kv, P);
+            for (int path : {0, 1}) {
+                INFO("row_lse given, probe path " << path);
+                cuda::detail::probe_path_override().store(path);
+                sc.fill_workspace(0xff);
+                const TokenSelection gl = sc.snapkv_device_select(qv, kv, lse_wv, P).to_host();
+                check_close(gl.scores, want.scores, "SnapKV score with row_lse given");
+                std::vector<std::vector<double>> gp(gl.scores);  // (to_host: [G][n], 0 on the window)
+                for (auto& row : gp) row.resize(static_cast<std::size_t>(n - P.window));
+                REQUIRE(gl.indices == snapkv_select_from_pooled(gp, n, P).indices);
+                sc.fill_workspace(0xff);
+                check_close(sc.snapkv_pooled_scores(qv, kv, lse_wv, P), pooled, "SnapKV pooled score with row_lse given");
+            }
+            cuda::detail::probe_path_override().store(0);
         }
     }
+    // FastV's last row: its statistics alone given (row_lse NaN elsewhere).
+    const std::vector<float> lse_last = vt::row_lse_of(View3<const T>(q.data(), {n, H, d}), View3<const T>(k.data(), {n, Hkv, d}), n - 1);
+    const cuda::DeviceArray<float> lse_lastd(lse_last);
+    const View2<const float> lse_lastv(lse_lastd.data(), {n, H});
     for (auto spans : {FastVSpans::joint, FastVSpans::per_image})
         for (double rate : {0.0, 0.25, 0.5, 0.93, 0.999}) {
             FastVParams P;
@@ -301,6 +325,20 @@ void device_select_case(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::i
             INFO("fastv rate " << rate);
             REQUIRE(got.indices == want.indices);
             REQUIRE(got.scores == want.scores);
+            // With the last row's statistics given, on the few-row kernel (automatic where it applies) and
+            // on the mma.sync passes.
+            for (int path : {0, 1}) {
+                INFO("row_lse given, probe path " << path);
+                cuda::detail::probe_path_override().store(path);
+                sc.fill_workspace(0xff);
+                const TokenSelection gl = sc.fastv_device_select(qv, kv, lse_lastv, layout, P).to_host();
+                check_close(gl.scores, want.scores, "FastV score with row_lse given");
+                REQUIRE(gl.indices == fastv_select_from_scores(gl.scores.at(0), layout, P).indices);
+                sc.fill_workspace(0xff);
+                check_close(sc.fastv_scores(qv, kv, lse_lastv, P.attention()), want.scores.at(0),
+                            "FastV host score with row_lse given");
+            }
+            cuda::detail::probe_path_override().store(0);
         }
 }
 
@@ -391,5 +429,24 @@ TEST_CASE("cuda baselines: device selection errors", "[cuda][baselines][device_s
                             Contains("row_lse holds NaN or Inf"));
         REQUIRE_THROWS_WITH(sc.h2o_scores(qv, kv, View2<const float>(lsed.data(), {n, H + 1}), BaselineGroups::layer),
                             Contains("row_lse has shape [64, 5], expected [64, 4]"));
+        // FastV and SnapKV read only their rows' statistics: a NaN there is an error, one elsewhere is not read.
+        const Layout lay = Layout::parse("text:4,image:56,text:4");
+        REQUIRE_NOTHROW(sc.fastv_device_select(qv, kv, View2<const float>(lsed.data(), {n, H}), lay, FastVParams{}));
+        std::vector<float> lse_bad_last(lse);
+        lse_bad_last[static_cast<std::size_t>((n - 1) * H + 1)] = INFINITY;
+        const cuda::DeviceArray<float> lbl(lse_bad_last);
+        REQUIRE_THROWS_WITH(sc.fastv_device_select(qv, kv, View2<const float>(lbl.data(), {n, H}), lay, FastVParams{}),
+                            Contains("row_lse holds NaN or Inf"));
+        REQUIRE_THROWS_WITH(sc.fastv_scores(qv, kv, View2<const float>(lbl.data(), {n, H})), Contains("row_lse holds NaN or Inf"));
+        REQUIRE_THROWS_WITH(sc.fastv_scores(qv, kv, View2<const float>(nullptr, {n, H})), Contains("row_lse is a null view"));
+        SnapKVParams W;
+        W.window = 8;
+        W.capacity = TokenBudget::tokens(24);
+        REQUIRE_NOTHROW(sc.snapkv_device_select(qv, kv, View2<const float>(lsed.data(), {n, H}), W));
+        REQUIRE_THROWS_WITH(sc.snapkv_device_select(qv, kv, View2<const float>(lbl.data(), {n, H}), W),
+                            Contains("row_lse holds NaN or Inf"));
+        REQUIRE_THROWS_WITH(sc.snapkv_pooled_scores(qv, kv, View2<const float>(lsed.data(), {n - 1, H}), W),
+                            Contains("row_lse has shape [63, 4], expected [64, 4]"));
+        REQUIRE(sc.fastv_device_select(qv, kv, lay, FastVParams{}).indptr.back() > 0);  // still usable
     }
 }

@@ -14,15 +14,16 @@
 namespace vt {
 
 // lse [m][H] (row-major), natural log of sum_{j <= i} exp(scale q_{i,h} . k_{j,g}), scale = 1 / sqrt(d),
-// rounded to fp32. q [m, H, d], k [m, H_kv, d] host views.
+// rounded to fp32. q [m, H, d], k [m, H_kv, d] host views. Rows before `first` are NaN (for callers that
+// read only the last rows -- FastV's, SnapKV's window: a NaN read would be reported).
 template <class T>
-std::vector<float> row_lse_of(const vlsparse::View3<const T>& q, const vlsparse::View3<const T>& k) {
+std::vector<float> row_lse_of(const vlsparse::View3<const T>& q, const vlsparse::View3<const T>& k, std::int64_t first = 0) {
     const std::int64_t m = q.shape[0], H = q.shape[1], d = q.shape[2], Hkv = k.shape[1];
     const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-    std::vector<float> out(static_cast<std::size_t>(m * H));
+    std::vector<float> out(static_cast<std::size_t>(m * H), std::nanf(""));
     std::vector<double> s(static_cast<std::size_t>(m));
     for (std::int64_t h = 0; h < H; ++h)
-        for (std::int64_t i = 0; i < m; ++i) {
+        for (std::int64_t i = std::max<std::int64_t>(first, 0); i < m; ++i) {
             double mx = -INFINITY;
             for (std::int64_t j = 0; j <= i; ++j) {
                 double dot = 0.0;

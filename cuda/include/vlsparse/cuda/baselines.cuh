@@ -121,17 +121,29 @@ public:
         constexpr const char* fn = "cuda::snapkv_pooled_scores";
         P.validate(fn);
         check(q, k, fn);
-        const std::int64_t n = q.shape[0];
-        detail::require(P.window <= n, fn, "window = ", P.window, " is larger than the prompt (n = ", n,
-                        "), expected 1 <= window <= n");
-        const int mode = P.pooling == SnapKVPooling::none ? 0 : (P.pooling == SnapKVPooling::avg ? 1 : 2);
-        return scores(q, k, window_rows(n, P.window), P.groups == BaselineGroups::kv_head, n - P.window, P.attention(),
-                      mode, static_cast<int>(P.kernel), stream, fn);
+        return snapkv_pooled_scores_impl(q, k, {}, P, stream, fn);
+    }
+
+    // The same with each row's log-sum-exp of the layer's causal attention given (row_lse [n, H], as for
+    // h2o_scores; only the window's rows are read): the window rows' pass over every key for their
+    // statistics is skipped.
+    template <ElementType TQ, ElementType TK>
+    std::vector<std::vector<double>> snapkv_pooled_scores(View3<const TQ> q, View3<const TK> k, View2<const float> row_lse,
+                                                          const SnapKVParams& P, cudaStream_t stream = 0) {
+        constexpr const char* fn = "cuda::snapkv_pooled_scores";
+        P.validate(fn);
+        check(q, k, fn);
+        return snapkv_pooled_scores_impl(q, k, detail::checked_row_lse(row_lse, q.shape[0], q.shape[1], fn), P, stream, fn);
     }
 
     template <ElementType TQ, ElementType TK>
     TokenSelection snapkv_select(View3<const TQ> q, View3<const TK> k, const SnapKVParams& P, cudaStream_t stream = 0) {
         return snapkv_select_from_pooled(snapkv_pooled_scores(q, k, P, stream), q.shape[0], P);
+    }
+    template <ElementType TQ, ElementType TK>
+    TokenSelection snapkv_select(View3<const TQ> q, View3<const TK> k, View2<const float> row_lse, const SnapKVParams& P,
+                                 cudaStream_t stream = 0) {
+        return snapkv_select_from_pooled(snapkv_pooled_scores(q, k, row_lse, P, stream), q.shape[0], P);
     }
 
     // FastV's (and A-VL's) score: the last row's attention averaged over every query head, host [n].
@@ -140,11 +152,17 @@ public:
                                      cudaStream_t stream = 0) {
         constexpr const char* fn = "cuda::fastv_scores";
         check(q, k, fn);
-        const std::int64_t n = q.shape[0];
-        const std::vector<std::int64_t> last{n - 1};
-        auto s = scores(q, k, last, false, n, opt, -1, 0, stream, fn);
-        for (auto& x : s[0]) x /= static_cast<double>(q.shape[1]);
-        return std::move(s[0]);
+        return fastv_scores_impl(q, k, {}, opt, stream, fn);
+    }
+
+    // The same with each row's log-sum-exp of the layer's causal attention given (row_lse [n, H], as for
+    // h2o_scores; only the last row is read): one pass over the keys instead of two.
+    template <ElementType TQ, ElementType TK>
+    std::vector<double> fastv_scores(View3<const TQ> q, View3<const TK> k, View2<const float> row_lse,
+                                     const AttentionOptions& opt = {}, cudaStream_t stream = 0) {
+        constexpr const char* fn = "cuda::fastv_scores";
+        check(q, k, fn);
+        return fastv_scores_impl(q, k, detail::checked_row_lse(row_lse, q.shape[0], q.shape[1], fn), opt, stream, fn);
     }
 
     template <ElementType TQ, ElementType TK>
@@ -210,42 +228,52 @@ private:
         return finish_scored(ds, 1.0, {}, stream, fn);
     }
 
-public:
-    // SnapKV: per group, the window plus the top capacity - window prefix positions by pooled window
-    // attention (everything when n <= capacity). Scores: the pooled scores (0 on the window).
     template <ElementType TQ, ElementType TK>
-    const DeviceSelection& snapkv_device_select(View3<const TQ> q, View3<const TK> k, const SnapKVParams& P,
-                                                cudaStream_t stream = 0) {
-        constexpr const char* fn = "cuda::snapkv_device_select";
-        P.validate(fn);
-        check(q, k, fn);
+    std::vector<std::vector<double>> snapkv_pooled_scores_impl(View3<const TQ> q, View3<const TK> k,
+                                                               detail::ProbeRowLse row_lse, const SnapKVParams& P,
+                                                               cudaStream_t stream, const char* fn) {  // (checked by the caller)
+        const std::int64_t n = q.shape[0];
+        detail::require(P.window <= n, fn, "window = ", P.window, " is larger than the prompt (n = ", n,
+                        "), expected 1 <= window <= n");
+        return scores(q, k, window_rows(n, P.window), P.groups == BaselineGroups::kv_head, n - P.window, P.attention(),
+                      pool_mode(P), static_cast<int>(P.kernel), stream, fn, row_lse);
+    }
+
+    template <ElementType TQ, ElementType TK>
+    std::vector<double> fastv_scores_impl(View3<const TQ> q, View3<const TK> k, detail::ProbeRowLse row_lse,
+                                          const AttentionOptions& opt, cudaStream_t stream, const char* fn) {
+        const std::int64_t n = q.shape[0];
+        const std::vector<std::int64_t> last{n - 1};
+        auto s = scores(q, k, last, false, n, opt, -1, 0, stream, fn, row_lse);
+        for (auto& x : s[0]) x /= static_cast<double>(q.shape[1]);
+        return std::move(s[0]);
+    }
+
+    template <ElementType TQ, ElementType TK>
+    const DeviceSelection& snapkv_device_select_impl(View3<const TQ> q, View3<const TK> k, detail::ProbeRowLse row_lse,
+                                                     const SnapKVParams& P, cudaStream_t stream, const char* fn) {
         const std::int64_t n = q.shape[0];
         detail::require(P.window <= n, fn, "window = ", P.window, " is larger than the prompt (n = ", n,
                         "), expected 1 <= window <= n");
         const std::int64_t C = P.capacity.resolve(n), L = n - P.window;
         detail::require(C >= P.window, fn, "capacity = ", C, " tokens is below window = ", P.window,
                         ", expected capacity >= window (the window is always kept)");
-        const int mode = P.pooling == SnapKVPooling::none ? 0 : (P.pooling == SnapKVPooling::avg ? 1 : 2);
         const DeviceScores ds = device_scores(q, k, window_rows(n, P.window), P.groups == BaselineGroups::kv_head, L,
-                                              P.attention(), mode, static_cast<int>(P.kernel), stream, fn);
+                                              P.attention(), pool_mode(P), static_cast<int>(P.kernel), stream, fn, row_lse);
         lists_.begin(ds.G, n, C >= n ? 0 : L, n, {}, stream, fn);
         if (C < n)
             for (std::int64_t g = 0; g < ds.G; ++g) lists_.rank(g, 0, L, C - P.window);
         return finish_scored(ds, 1.0, {}, stream, fn);
     }
 
-    // FastV: every non-visual token plus the top floor((1 - rate) m) visual tokens (jointly, or per
-    // image) by the last row's head-mean attention. One shared list. Scores: (1/H) sum_h A[h, n-1, j].
     template <ElementType TQ, ElementType TK>
-    const DeviceSelection& fastv_device_select(View3<const TQ> q, View3<const TK> k, const Layout& layout,
-                                               const FastVParams& P, cudaStream_t stream = 0) {
-        constexpr const char* fn = "cuda::fastv_device_select";
-        P.validate(fn);
-        check(q, k, fn);
+    const DeviceSelection& fastv_device_select_impl(View3<const TQ> q, View3<const TK> k, detail::ProbeRowLse row_lse,
+                                                    const Layout& layout, const FastVParams& P, cudaStream_t stream,
+                                                    const char* fn) {
         const std::int64_t n = q.shape[0];
         layout.require_tokens(n, fn);
         const std::vector<std::int64_t> last{n - 1};
-        const DeviceScores ds = device_scores(q, k, last, false, n, P.attention(), -1, 0, stream, fn);
+        const DeviceScores ds = device_scores(q, k, last, false, n, P.attention(), -1, 0, stream, fn, row_lse);
         std::vector<std::uint8_t> visual(static_cast<std::size_t>(n), 0), other(static_cast<std::size_t>(n), 1);
         std::int64_t first = n, end = 0, m = 0;
         for (const auto& s : layout.segments()) {
@@ -266,6 +294,55 @@ public:
         for (const auto& s : layout.segments())
             if (s.is_visual()) lists_.rank(0, s.start, s.end(), TokenBudget::ratio(1.0 - P.rate).resolve(s.length));
         return finish_scored(ds, static_cast<double>(q.shape[1]), {}, stream, fn);
+    }
+
+    static int pool_mode(const SnapKVParams& P) {
+        return P.pooling == SnapKVPooling::none ? 0 : (P.pooling == SnapKVPooling::avg ? 1 : 2);
+    }
+
+public:
+    // SnapKV: per group, the window plus the top capacity - window prefix positions by pooled window
+    // attention (everything when n <= capacity). Scores: the pooled scores (0 on the window).
+    template <ElementType TQ, ElementType TK>
+    const DeviceSelection& snapkv_device_select(View3<const TQ> q, View3<const TK> k, const SnapKVParams& P,
+                                                cudaStream_t stream = 0) {
+        constexpr const char* fn = "cuda::snapkv_device_select";
+        P.validate(fn);
+        check(q, k, fn);
+        return snapkv_device_select_impl(q, k, {}, P, stream, fn);
+    }
+
+    // The same with row_lse [n, H] given (as for h2o_device_select; only the window's rows are read).
+    template <ElementType TQ, ElementType TK>
+    const DeviceSelection& snapkv_device_select(View3<const TQ> q, View3<const TK> k, View2<const float> row_lse,
+                                                const SnapKVParams& P, cudaStream_t stream = 0) {
+        constexpr const char* fn = "cuda::snapkv_device_select";
+        P.validate(fn);
+        check(q, k, fn);
+        return snapkv_device_select_impl(q, k, detail::checked_row_lse(row_lse, q.shape[0], q.shape[1], fn), P, stream, fn);
+    }
+
+    // FastV: every non-visual token plus the top floor((1 - rate) m) visual tokens (jointly, or per
+    // image) by the last row's head-mean attention. One shared list. Scores: (1/H) sum_h A[h, n-1, j].
+    template <ElementType TQ, ElementType TK>
+    const DeviceSelection& fastv_device_select(View3<const TQ> q, View3<const TK> k, const Layout& layout,
+                                               const FastVParams& P, cudaStream_t stream = 0) {
+        constexpr const char* fn = "cuda::fastv_device_select";
+        P.validate(fn);
+        check(q, k, fn);
+        return fastv_device_select_impl(q, k, {}, layout, P, stream, fn);
+    }
+
+    // The same with row_lse [n, H] given (as for h2o_device_select; only the last row is read): the
+    // last row's scores in one pass over the keys instead of two.
+    template <ElementType TQ, ElementType TK>
+    const DeviceSelection& fastv_device_select(View3<const TQ> q, View3<const TK> k, View2<const float> row_lse,
+                                               const Layout& layout, const FastVParams& P, cudaStream_t stream = 0) {
+        constexpr const char* fn = "cuda::fastv_device_select";
+        P.validate(fn);
+        check(q, k, fn);
+        return fastv_device_select_impl(q, k, detail::checked_row_lse(row_lse, q.shape[0], q.shape[1], fn), layout, P,
+                                        stream, fn);
     }
 
     // StreamingLLM, random and fixed ratio compute nothing: the CPU paths' lists, uploaded.
