@@ -299,40 +299,10 @@ public:
         const bool few = mma && k_rows16 && H / Hkv * np <= kProbeFewRows && probe_path_override().load() == 0;
         const std::int64_t npc = wg ? (np + kProbeWgRows - 1) / kProbeWgRows * 4 : (np + 15) / 16, qpk = H / Hkv;
         const std::int64_t rows = qpk * npc * 16;  // per KV head
-        // Tensor cores: the chunks of a key block shared out over rsplit blocks when the key blocks alone
-        // would leave the GPU short of work (about two waves of 4 blocks per multiprocessor wanted).
-        int rsplit = 1;
-        std::vector<int4> splits;  // pass 2 over a key-block subset on the tensor cores: {kb, z, R} per block
-        if (mma && !few) {
-            int dev = 0, sms = 0;
-            check_cuda(cudaGetDevice(&dev), fn, "cudaGetDevice");
-            check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), fn, "cudaDeviceGetAttribute");
-            const std::int64_t blocks =
-                (key_blocks.empty() ? (n + kProbeColTile - 1) / kProbeColTile : static_cast<std::int64_t>(key_blocks.size())) * Hkv;
-            // (wgmma: one wave of 2 blocks of 288 threads per multiprocessor is enough: more splits add
-            // blocks whose start -- the key tile, the chunk search -- costs more than their chunks. A few
-            // key blocks of many rows -- A-VL's text columns -- split further.)
-            const std::int64_t want = wg ? 2 * sms : 8 * sms;
-            rsplit = static_cast<int>(std::clamp<std::int64_t>((want + blocks - 1) / blocks, 1, 8));
-            if (!key_blocks.empty()) {
-                // Each key block's share of the wanted blocks by the probes at or after its first key (its
-                // rows; a text block at the prompt's start is seen by every row, one at its end by a few).
-                std::vector<std::int64_t> work(key_blocks.size());
-                std::int64_t total = 0;
-                for (std::size_t i = 0; i < key_blocks.size(); ++i) {
-                    const std::int64_t first_key = static_cast<std::int64_t>(key_blocks[i]) * kProbeColTile;
-                    work[i] = static_cast<std::int64_t>(probes.end() - std::lower_bound(probes.begin(), probes.end(), first_key));
-                    total += work[i];
-                }
-                rsplit = 1;
-                for (std::size_t i = 0; i < key_blocks.size(); ++i) {
-                    const double share = total > 0 ? static_cast<double>(work[i]) / static_cast<double>(total) : 0.0;
-                    const int R = static_cast<int>(std::clamp<std::int64_t>(std::llround(static_cast<double>(want) / static_cast<double>(Hkv) * share), 1, 64));
-                    rsplit = std::max(rsplit, R);
-                    for (int z = 0; z < R; ++z) splits.push_back(make_int4(key_blocks[i], z, R, static_cast<int>(i)));
-                }
-            }
-        }
+        // Tensor cores: the chunks of a key block shared out over rsplit blocks (and, over a key-block
+        // subset, the blocks' splits).
+        std::vector<int4> splits;
+        const int rsplit = mma && !few ? plan_rsplit(n, Hkv, wg, probes, key_blocks, splits, fn) : 1;
         const std::int64_t ncb = (n + kProbeColTile - 1) / kProbeColTile;
         const std::size_t b_part = mma && !row_lse.lse ? align256(static_cast<std::size_t>(Hkv * rows * ncb) * 8) : 0;
         const std::size_t b_lse = align256(static_cast<std::size_t>(Hkv * rows) * 4) +
@@ -341,34 +311,10 @@ public:
         // subset's columns [rsplit][H_kv][n_key_blocks][128], folded into them)
         const std::size_t b_col = align256(static_cast<std::size_t>((splits.empty() ? rsplit : 1) * Hkv * n) * 4) +
                                   align256(splits.size() ? static_cast<std::size_t>(rsplit * Hkv) * key_blocks.size() * kProbeColTile * 4 : 0);
-        // wgmma: a KV head's chunk rows in one of two layouts (probe_scores.cuh, above kProbeWgRows):
-        // merged, its heads' probe rows in position order, or per head. Merged makes a chunk span fewer
-        // positions, so the key blocks after its last one skip more chunks; per head walks faster where
-        // both skip about as many (every row a probe: H2O at 16K 5.7 against 7.5 ms, H100). So merged
-        // where it leaves 10% fewer (chunk, key block) pairs: ZipVL's recent + random probes (about 25%
-        // fewer), not H2O (under 1%). The rows' positions are worked out on the device (the pack kernel
-        // writes them): built per row on the host, H2O's 115K rows per KV head at 16K took about 0.15 ms
-        // of loops and a 1 MB upload before the first launch.
+        // wgmma: a KV head's chunk rows merged (its heads' probe rows in position order) or per head.
         bool per_head = false;
         int wg_pad = 0;
-        // The position of chunk c's last row in either layout (its padding rows first), -1 for a chunk of
-        // padding only: the host's form of probe_wg_row (probe_scores.cuh), for the pair counts below and
-        // each key block's first chunk.
-        auto wg_chunk_last = [&](bool head_layout, std::int64_t pad, std::int64_t c) -> std::int64_t {
-            const std::int64_t r = c * kProbeWgRows + kProbeWgRows - 1 - pad;
-            return r < 0 ? -1 : probes[static_cast<std::size_t>(head_layout ? r : r / qpk)];
-        };
-        if (wg) {
-            auto blocks_seen = [&](std::int64_t last) { return last < 0 ? 0 : std::min(last / kProbeColTile + 1, ncb); };
-            const std::int64_t pad_head = rows / qpk - np;  // per head: padding rows first
-            const std::int64_t pad_merged = rows - qpk * np;
-            std::int64_t pairs_head = 0, pairs_merged = 0;
-            for (std::int64_t c = 0; c < rows / qpk / kProbeWgRows; ++c) pairs_head += qpk * blocks_seen(wg_chunk_last(true, pad_head, c));
-            for (std::int64_t c = 0; c < rows / kProbeWgRows; ++c) pairs_merged += blocks_seen(wg_chunk_last(false, pad_merged, c));
-            const int force = probe_path_override().load();
-            per_head = force == 3 || force == 4 || (force != 2 && 10 * pairs_merged > 9 * pairs_head);
-            wg_pad = static_cast<int>(per_head ? pad_head : pad_merged);
-        }
+        if (wg) choose_wg_layout(probes, qpk, rows, ncb, per_head, wg_pad);
         // Uploaded: (mma.sync) the padded probe positions and each 16-row chunk's last; (wgmma) each key
         // block's first active chunk of a segment; the probes as int32; the status word (cleared by the
         // same copy). On the device only: (wgmma) the rows' positions.
@@ -421,7 +367,7 @@ public:
             const std::int64_t cps = per_head ? rows / qpk / kProbeWgRows : rows / kProbeWgRows;
             std::int64_t c = 0;
             for (std::int64_t kb = 0; kb < ncb; ++kb) {
-                while (c < cps && wg_chunk_last(per_head, wg_pad, c) < kb * kProbeColTile) ++c;
+                while (c < cps && wg_chunk_last(probes, qpk, per_head, wg_pad, c) < kb * kProbeColTile) ++c;
                 first_h[kb] = static_cast<std::int32_t>(c);
             }
         } else {
@@ -528,6 +474,75 @@ public:
     void fill(int byte, const char* fn) { work_.fill(byte, fn); }
 
 private:
+    // How many blocks share a key block's chunks (rsplit: about two waves of 4 blocks per multiprocessor
+    // wanted on the mma.sync passes, one of 2 on wgmma); over a key-block subset, each block's share of
+    // them by its rows (`splits`: {key block, z, R, index in key_blocks} per block).
+    static int plan_rsplit(std::int64_t n, std::int64_t Hkv, bool wg, std::span<const std::int64_t> probes,
+                           std::span<const std::int32_t> key_blocks, std::vector<int4>& splits, const char* fn) {
+        int dev = 0, sms = 0;
+        check_cuda(cudaGetDevice(&dev), fn, "cudaGetDevice");
+        check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), fn, "cudaDeviceGetAttribute");
+        const std::int64_t blocks =
+            (key_blocks.empty() ? (n + kProbeColTile - 1) / kProbeColTile : static_cast<std::int64_t>(key_blocks.size())) * Hkv;
+        // (wgmma: one wave of 2 blocks of 288 threads per multiprocessor is enough: more splits add
+        // blocks whose start -- the key tile, the chunk search -- costs more than their chunks. A few
+        // key blocks of many rows -- A-VL's text columns -- split further.)
+        const std::int64_t want = wg ? 2 * sms : 8 * sms;
+        int rsplit = static_cast<int>(std::clamp<std::int64_t>((want + blocks - 1) / blocks, 1, 8));
+        if (!key_blocks.empty()) {
+            // Each key block's share of the wanted blocks by the probes at or after its first key (its
+            // rows; a text block at the prompt's start is seen by every row, one at its end by a few).
+            std::vector<std::int64_t> work(key_blocks.size());
+            std::int64_t total = 0;
+            for (std::size_t i = 0; i < key_blocks.size(); ++i) {
+                const std::int64_t first_key = static_cast<std::int64_t>(key_blocks[i]) * kProbeColTile;
+                work[i] = static_cast<std::int64_t>(probes.end() - std::lower_bound(probes.begin(), probes.end(), first_key));
+                total += work[i];
+            }
+            rsplit = 1;
+            for (std::size_t i = 0; i < key_blocks.size(); ++i) {
+                const double share = total > 0 ? static_cast<double>(work[i]) / static_cast<double>(total) : 0.0;
+                const int R = static_cast<int>(std::clamp<std::int64_t>(std::llround(static_cast<double>(want) / static_cast<double>(Hkv) * share), 1, 64));
+                rsplit = std::max(rsplit, R);
+                for (int z = 0; z < R; ++z) splits.push_back(make_int4(key_blocks[i], z, R, static_cast<int>(i)));
+            }
+        }
+        return rsplit;
+    }
+
+    // The position of wgmma chunk c's last row in either layout (its padding rows first), -1 for a chunk
+    // of padding only: the host's form of probe_wg_row (probe_scores.cuh), for the pair counts of
+    // choose_wg_layout and each key block's first chunk.
+    static std::int64_t wg_chunk_last(std::span<const std::int64_t> probes, std::int64_t qpk, bool head_layout,
+                                      std::int64_t pad, std::int64_t c) {
+        const std::int64_t r = c * kProbeWgRows + kProbeWgRows - 1 - pad;
+        return r < 0 ? -1 : probes[static_cast<std::size_t>(head_layout ? r : r / qpk)];
+    }
+
+    // wgmma: a KV head's chunk rows in one of two layouts (probe_scores.cuh, above kProbeWgRows):
+    // merged, its heads' probe rows in position order, or per head. Merged makes a chunk span fewer
+    // positions, so the key blocks after its last one skip more chunks; per head walks faster where
+    // both skip about as many (every row a probe: H2O at 16K 5.7 against 7.5 ms, H100). So merged
+    // where it leaves 10% fewer (chunk, key block) pairs: ZipVL's recent + random probes (about 25%
+    // fewer), not H2O (under 1%). The rows' positions are worked out on the device (the pack kernel
+    // writes them): built per row on the host, H2O's 115K rows per KV head at 16K took about 0.15 ms
+    // of loops and a 1 MB upload before the first launch. Padding rows come first in either layout.
+    static void choose_wg_layout(std::span<const std::int64_t> probes, std::int64_t qpk, std::int64_t rows, std::int64_t ncb,
+                                 bool& per_head, int& wg_pad) {
+        const std::int64_t np = static_cast<std::int64_t>(probes.size());
+        auto blocks_seen = [&](std::int64_t last) { return last < 0 ? 0 : std::min(last / kProbeColTile + 1, ncb); };
+        const std::int64_t pad_head = rows / qpk - np;  // per head: padding rows first
+        const std::int64_t pad_merged = rows - qpk * np;
+        std::int64_t pairs_head = 0, pairs_merged = 0;
+        for (std::int64_t c = 0; c < rows / qpk / kProbeWgRows; ++c)
+            pairs_head += qpk * blocks_seen(wg_chunk_last(probes, qpk, true, pad_head, c));
+        for (std::int64_t c = 0; c < rows / kProbeWgRows; ++c)
+            pairs_merged += blocks_seen(wg_chunk_last(probes, qpk, false, pad_merged, c));
+        const int force = probe_path_override().load();
+        per_head = force == 3 || force == 4 || (force != 2 && 10 * pairs_merged > 9 * pairs_head);
+        wg_pad = static_cast<int>(per_head ? pad_head : pad_merged);
+    }
+
     GrowBuffer work_;
     PinnedStaging staging_;
 };

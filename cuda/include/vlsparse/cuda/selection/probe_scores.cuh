@@ -167,6 +167,18 @@ __device__ __forceinline__ bool pair_nonfinite(unsigned w) {
     return (w & e) == e || ((w >> 16) & e) == e;
 }
 
+// The same over four packed pairs (eight values, e.g. one 16-byte load or an ldmatrix x4 fragment), both
+// halves of each word compared at once: nonzero when any value is NaN or Inf.
+template <class T>
+__device__ __forceinline__ unsigned quad_nonfinite(unsigned a, unsigned b, unsigned c, unsigned d) {
+    constexpr unsigned E = std::is_same_v<T, bfloat16> ? 0x7f807f80u : 0x7c007c00u;  // exponent fields of a pair
+    return __vcmpeq2(a & E, E) | __vcmpeq2(b & E, E) | __vcmpeq2(c & E, E) | __vcmpeq2(d & E, E);
+}
+template <class T>
+__device__ __forceinline__ unsigned quad_nonfinite(const uint4& w) {
+    return quad_nonfinite<T>(w.x, w.y, w.z, w.w);
+}
+
 // (max, sum) pairs in the log2 domain merged: the sum rescaled to the larger max.
 __device__ __forceinline__ void merge_ml(float& m, float& l, float m2, float l2) {
     const float M = fmaxf(m, m2);
@@ -920,13 +932,11 @@ __global__ void __launch_bounds__(kProbeWgThreads, 2) probe_cols_wg_kernel(const
         }
         // Pass 1 reads every element of K: the first of a key block's rsplit blocks checks its tile, after
         // its chunks (the tile stays; checked before the first chunk it delayed every block's start).
-        // (both halves of a word at once: a half is NaN / Inf when its exponent field is all ones)
-        constexpr unsigned E = std::is_same_v<T, bfloat16> ? 0x7f807f80u : 0x7c007c00u;
         unsigned hits = 0;
         if (z == 0) {
             for (int i = tid; i < kProbeColTile * CH; i += NC) {
                 const uint4 w = *reinterpret_cast<const uint4*>(ktile + swizzle128_offset<kProbeColTile>(i / CH, i % CH));
-                hits |= __vcmpeq2(w.x & E, E) | __vcmpeq2(w.y & E, E) | __vcmpeq2(w.z & E, E) | __vcmpeq2(w.w & E, E);
+                hits |= quad_nonfinite<T>(w);
             }
         }
         if (hits != 0 && a.status) atomicOr(a.status, kInputNonFinite);
@@ -1120,7 +1130,6 @@ __global__ void __launch_bounds__(kProbeColTile) probe_few_kernel(const __grid_c
     constexpr int KS = D / 16;   // k-steps
     constexpr int NT = NR / 8;   // n-tiles (8 rows each)
     constexpr int QLD = D + 8;   // q rows' stride in elements (272 / 144 bytes: B fragment loads conflict-free)
-    constexpr unsigned E = std::is_same_v<T, bfloat16> ? 0x7f807f80u : 0x7c007c00u;  // exponent fields of a pair
     __shared__ __align__(128) unsigned char kt[kProbeColTile * D * 2];  // piece c of row r at (r CH + (c ^ (r & 7))) 16
     __shared__ __align__(16) unsigned short qs[NR][QLD];
     __shared__ float ls[NR];
@@ -1152,7 +1161,7 @@ __global__ void __launch_bounds__(kProbeColTile) probe_few_kernel(const __grid_c
                 const int hl = i / a.n_probes, pr = i % a.n_probes;
                 w = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(a.q) + static_cast<std::int64_t>(a.few_pos[pr]) * a.q_s0 +
                                                          static_cast<std::int64_t>(g * a.qpk + hl) * a.q_s1) + c);
-                bad |= (__vcmpeq2(w.x & E, E) | __vcmpeq2(w.y & E, E) | __vcmpeq2(w.z & E, E) | __vcmpeq2(w.w & E, E)) != 0;
+                bad |= quad_nonfinite<T>(w) != 0;
             }
             *reinterpret_cast<uint4*>(&qs[i][8 * c]) = w;
         }
@@ -1165,7 +1174,7 @@ __global__ void __launch_bounds__(kProbeColTile) probe_few_kernel(const __grid_c
                 x = static_cast<const unsigned short*>(a.q)[static_cast<std::int64_t>(a.few_pos[pr]) * a.q_s0 +
                                                             static_cast<std::int64_t>(g * a.qpk + hl) * a.q_s1 +
                                                             static_cast<std::int64_t>(c) * a.q_s2];
-                bad |= (x & (E & 0xffffu)) == (E & 0xffffu);
+                bad |= pair_nonfinite<T>(x);
             }
             qs[i][c] = x;
         }
@@ -1196,7 +1205,7 @@ __global__ void __launch_bounds__(kProbeColTile) probe_few_kernel(const __grid_c
             const int mi = lane >> 3, row = 32 * warp + 16 * mt + (mi & 1) * 8 + (lane & 7), c = 2 * ks + (mi >> 1);
             unsigned a0, a1, a2, a3;
             ldsm_x4(a0, a1, a2, a3, kt + (row * CH + (c ^ (row & 7))) * 16);
-            if (Pass1) hits |= __vcmpeq2(a0 & E, E) | __vcmpeq2(a1 & E, E) | __vcmpeq2(a2 & E, E) | __vcmpeq2(a3 & E, E);
+            if (Pass1) hits |= quad_nonfinite<T>(a0, a1, a2, a3);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) mma_m16n8k16<T>(acc[mt][nt], a0, a1, a2, a3, bf[nt][ks][0], bf[nt][ks][1]);
         }
