@@ -138,8 +138,8 @@ int main(int argc, char** argv) {
         cuda::DeviceArray<bfloat16> vd(vh);
         const View3<const bfloat16> vv(vd.data(), {n, Hkv, d});
         // The layer's dense prefill with and without each row's log-sum-exp (the row statistics H2O,
-        // SnapKV, FastV and A-VL can take from it), timed; its lse kept for those selections.
-        const bool with_lse = want("h2o") || want("avl") || want("fastv") || want("snapkv");
+        // SnapKV, FastV, A-VL and PureKV can take from it), timed; its lse kept for those selections.
+        const bool with_lse = want("h2o") || want("avl") || want("fastv") || want("snapkv") || want("purekv");
         cuda::DeviceArray<float> lsed(static_cast<std::size_t>(with_lse ? n * H : 1));
         const View2<const float> lc(lsed.data(), {n, H});
         if (with_lse) {
@@ -190,6 +190,9 @@ int main(int argc, char** argv) {
             cuda::PureKVEstimator est(P, layout, ModelShape{4, H, Hkv, d});
             const double med0 = timer.median_us([&] { est.observe(2, qv, kv); est.select(2, vv); }, warmup, reps);
             row("purekv_select_l0", med0, est.select(2, vv).kept_ratio(), "window scores + V norms + top-h (layer l0)");
+            const double med0l = timer.median_us([&] { est.observe(2, qv, kv, lc); est.select(2, vv); }, warmup, reps);
+            row("purekv_select_l0_lse", med0l, est.select(2, vv).kept_ratio(),
+                "as purekv_select_l0, the window rows' log-sum-exp from the prefill given");
             const double med1 = timer.median_us([&] { est.select(3, vv); }, warmup, reps);
             row("purekv_select_above_l0", med1, est.select(3, vv).kept_ratio(), "V norms + top-h (a layer above l0, Eq. 4)");
         }

@@ -61,7 +61,8 @@ def main(argv=None):
     # (target of "CUDA II": <= 5% from 16K).
     others = ["h2o_select", "h2o_select_lse", "snapkv_select", "snapkv_select_lse", "fastv_select", "fastv_select_lse",
               "avl_select", "avl_select_lse", "avl_select_text", "avl_select_text_lse",
-              "vlsparse_dense_prefill", "vlsparse_dense_prefill_lse", "purekv_select_l0", "purekv_select_above_l0",
+              "vlsparse_dense_prefill", "vlsparse_dense_prefill_lse", "purekv_select_l0", "purekv_select_l0_lse",
+              "purekv_select_above_l0",
               "streamingllm_select", "random_select", "fixed_ratio_select"]
     present = [p for p in others if any((p, n) in t for n in ns)]
     if present:

@@ -598,7 +598,9 @@ PureKVScores CudaScoring::purekv_window_scores(const PrefillLayer& in, const Pur
     one.l0 = in.layer;
     one.st.kind = VideoMask::none;
     ::vlsparse::cuda::PureKVEstimator est(one, *in.layout, in.shape);
-    est.observe(in.layer, b_->qv(), b_->kv());
+    const View2<const float> lse = b_->row_lse(P.attention());  // (null: none for these rows)
+    if (lse.data) est.observe(in.layer, b_->qv(), b_->kv(), lse);
+    else est.observe(in.layer, b_->qv(), b_->kv());
     return est.scores(in.layer).to_host();
 }
 

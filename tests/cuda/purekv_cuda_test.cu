@@ -33,6 +33,7 @@
 
 #include "../error_of.hpp"
 #include "../test_core.hpp"
+#include "row_lse.hpp"
 
 using namespace vlsparse;
 using Catch::Matchers::Contains;
@@ -169,6 +170,19 @@ void random_case(std::int64_t n, std::int64_t H, std::int64_t Hkv, std::int64_t 
         const cuda::DevicePureKVSelection& s = gpu.select(l, vv);
         REQUIRE(s.lists.rows().lists_per_seq == (want.dense ? 1 : gpu.groups()));
         check_selection(s.to_host(), want);
+        if (gpu.needs_scores(l)) {
+            // The window rows' statistics given (row_lse NaN outside the window: only the window is read),
+            // then the selection on those scores.
+            const std::vector<float> lse = vt::row_lse_of(qh, kh, n - P.window);
+            const cuda::DeviceArray<float> lse_d(lse);
+            gpu.fill_workspace(0xff);
+            gpu.observe(l, qv, kv, View2<const float>(lse_d.data(), {n, H}));
+            check_rows(gpu.scores(l).to_host().s, ref.scores(l).s, kScoreTol, "window scores, row_lse given");
+            gpu.fill_workspace(0xff);
+            INFO("row_lse given");
+            check_selection(gpu.select(l, vv).to_host(), want);
+            gpu.observe(l, qv, kv);  // (the layers above l0 go on from the scores of the plain observe)
+        }
     }
 }
 
@@ -343,6 +357,22 @@ TEST_CASE("cuda purekv: errors", "[cuda][purekv]") {
     est.observe(0, qv, kv);
     REQUIRE_THROWS_WITH(est.select(0, View3<const bfloat16>(knd.data(), {n, Hkv, d})), Contains("v holds NaN"));
     REQUIRE_NOTHROW(est.select(0, vv));  // still usable
+    {  // row_lse: NaN in a window row (reported by select), NaN outside the window (not read), its shape
+        std::vector<float> lse(static_cast<std::size_t>(n * H), 1.0f);
+        lse[static_cast<std::size_t>(3 * H + 1)] = std::nanf("");  // row 3: outside the window of 8
+        const cuda::DeviceArray<float> lsed(lse);
+        est.observe(0, qv, kv, View2<const float>(lsed.data(), {n, H}));
+        REQUIRE_NOTHROW(est.select(0, vv));
+        lse[static_cast<std::size_t>((n - 2) * H + 3)] = INFINITY;
+        const cuda::DeviceArray<float> lsew(lse);
+        est.observe(0, qv, kv, View2<const float>(lsew.data(), {n, H}));
+        REQUIRE_THROWS_WITH(est.select(0, vv), Contains("row_lse of layer 0 holds NaN or Inf"));
+        REQUIRE_THROWS_WITH(est.observe(0, qv, kv, View2<const float>(lsed.data(), {n, H - 1})),
+                            Contains("row_lse has shape [64, 3], expected [64, 4]"));
+        REQUIRE_THROWS_WITH(est.observe(0, qv, kv, View2<const float>(nullptr, {n, H})), Contains("row_lse is a null view"));
+        est.observe(0, qv, kv);
+    }
+    REQUIRE_NOTHROW(est.select(0, vv));
     REQUIRE(est.select(0, vv).lists.indptr.back() == Hkv * (n * 2 / 10));  // floor(0.2 n) per KV head, window included
 
     // The checks that read no values are the CPU estimator's (detail::check_purekv_*): the same message

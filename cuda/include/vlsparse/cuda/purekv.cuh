@@ -309,25 +309,21 @@ public:
         constexpr const char* fn = "cuda::PureKVEstimator::observe";
         ::vlsparse::detail::check_purekv_observe(layer, P_, shape_, fn);
         check_shape(q, k, fn);
-        const std::int64_t n = this->n(), w = P_.window, m = n - w, Hkv = shape_.kv_heads;
-        std::vector<std::int64_t> rows(static_cast<std::size_t>(w));
-        std::iota(rows.begin(), rows.end(), m);
-        const double scale = ::vlsparse::detail::resolve_scale(P_.attention(), shape_.head_dim, fn);
-        const detail::ProbeColumnsResult pc = probe_.run(q, k, std::span<const std::int64_t>(rows), scale, stream, fn);
-        Slot& sl = slots_[static_cast<std::size_t>(layer)];
-        if (sl.s.size() != static_cast<std::size_t>(G_ * n)) sl.s = DeviceArray<float>(static_cast<std::size_t>(G_ * n));
-        // The probe status is sticky for the layer: copied next to the scores.
-        if (sl.status.size() != 1) sl.status = DeviceArray<int>(1);
-        // s[g][j]: the window's column sums for j < m, 0 on the window.
-        detail::launch_dependent(detail::group_column_sums_kernel<>, grid_for(G_ * n), 256, 0, stream, fn,
-                                 "group_column_sums_kernel", pc.col, pc.rsplit, static_cast<int>(Hkv),
-                                 static_cast<int>(n), static_cast<int>(G_), static_cast<int>(m), static_cast<int>(n),
-                                 sl.s.data());
-        detail::check_cuda(cudaMemcpyAsync(sl.status.data(), pc.status, sizeof(int), cudaMemcpyDeviceToDevice, stream), fn,
-                           "cudaMemcpyAsync");
-        sl.scores = DevicePureKVScores{layer, n, w, shape_.heads / G_, G_, sl.s.data()};
-        sl.observed = true;
-        return sl.scores;
+        return observe_impl(layer, q, k, {}, stream, fn);
+    }
+
+    // The same with each row's log-sum-exp of the layer's dense causal attention given: row_lse [n, H]
+    // (fp32, device, natural log, for the same scale: what cuda::dense_prefill_attention writes with its
+    // lse argument, or FlashAttention's softmax_lse -- not the statistics of an ST-masked prefill, which
+    // sees fewer keys). Only the window's rows are read; the window rows' pass over every key for their
+    // statistics is skipped. A NaN / Inf among them is reported by select() as an error naming row_lse.
+    template <ElementType TQ, ElementType TK>
+    const DevicePureKVScores& observe(std::int64_t layer, View3<const TQ> q, View3<const TK> k, View2<const float> row_lse,
+                                      cudaStream_t stream = 0) {
+        constexpr const char* fn = "cuda::PureKVEstimator::observe";
+        ::vlsparse::detail::check_purekv_observe(layer, P_, shape_, fn);
+        check_shape(q, k, fn);
+        return observe_impl(layer, q, k, detail::checked_row_lse(row_lse, q.shape[0], q.shape[1], fn), stream, fn);
     }
 
     bool observed(std::int64_t layer) const {
@@ -380,6 +376,8 @@ public:
         const int st = lists_.extra_status();
         detail::require((st & detail::kInputNonFinite) == 0, fn, "q or k of layer ", sl.scores.layer,
                         " holds NaN or Inf (in k, or in a window row of q)");
+        detail::require((st & detail::kRowLseBad) == 0, fn, "row_lse of layer ", sl.scores.layer,
+                        " holds NaN or Inf (in a window row)");
         detail::require((st & detail::kVNonFinite) == 0, fn, "v holds NaN or Inf");
         detail::require((lists_.status() & detail::kScoreBad) == 0, fn,
                         "an importance score is not finite: an fp32 overflow of a logit or of s_j * ||V_j||");
@@ -391,6 +389,32 @@ public:
         return r;
     }
 
+private:
+    template <ElementType TQ, ElementType TK>
+    const DevicePureKVScores& observe_impl(std::int64_t layer, View3<const TQ> q, View3<const TK> k, detail::ProbeRowLse row_lse,
+                                           cudaStream_t stream, const char* fn) {  // (checked by the caller)
+        const std::int64_t n = this->n(), w = P_.window, m = n - w, Hkv = shape_.kv_heads;
+        std::vector<std::int64_t> rows(static_cast<std::size_t>(w));
+        std::iota(rows.begin(), rows.end(), m);
+        const double scale = ::vlsparse::detail::resolve_scale(P_.attention(), shape_.head_dim, fn);
+        const detail::ProbeColumnsResult pc = probe_.run(q, k, std::span<const std::int64_t>(rows), scale, stream, fn, row_lse);
+        Slot& sl = slots_[static_cast<std::size_t>(layer)];
+        if (sl.s.size() != static_cast<std::size_t>(G_ * n)) sl.s = DeviceArray<float>(static_cast<std::size_t>(G_ * n));
+        // The probe status is sticky for the layer: copied next to the scores.
+        if (sl.status.size() != 1) sl.status = DeviceArray<int>(1);
+        // s[g][j]: the window's column sums for j < m, 0 on the window.
+        detail::launch_dependent(detail::group_column_sums_kernel<>, grid_for(G_ * n), 256, 0, stream, fn,
+                                 "group_column_sums_kernel", pc.col, pc.rsplit, static_cast<int>(Hkv),
+                                 static_cast<int>(n), static_cast<int>(G_), static_cast<int>(m), static_cast<int>(n),
+                                 sl.s.data());
+        detail::check_cuda(cudaMemcpyAsync(sl.status.data(), pc.status, sizeof(int), cudaMemcpyDeviceToDevice, stream), fn,
+                           "cudaMemcpyAsync");
+        sl.scores = DevicePureKVScores{layer, n, w, shape_.heads / G_, G_, sl.s.data()};
+        sl.observed = true;
+        return sl.scores;
+    }
+
+public:
     // True when layer `layer`'s prefill uses the ST-SpAttn mask.
     bool masked(std::int64_t layer) const {
         check_layer(layer, "cuda::PureKVEstimator::masked");
