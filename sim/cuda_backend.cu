@@ -13,8 +13,9 @@
 //   order), so no output crosses to the host except in residual mode (prefill_output).
 // - Scoring: PrefillScoring on the device rows -- ZipVL (cuda::ZipVLSelector), H2O / SnapKV / FastV /
 //   A-VL's last-row scores (cuda::BaselineScorer), PureKV's window scores (cuda::PureKVEstimator's
-//   kernels); the policies rank them with their CPU code. H2O's and A-VL's text scores take the rows'
-//   log-sum-exp from the dense prefill of the same rows where it ran (it writes them) at the same scale.
+//   kernels); the policies rank them with their CPU code. H2O's scores, A-VL's text scores, the last
+//   row's scores (FastV, A-VL) and SnapKV's and PureKV's window scores take the rows' log-sum-exp from
+//   the dense prefill of the same rows where it ran (it writes them) at the same scale.
 //   BlindSight's masks and the list-only baselines need no q / k arithmetic; PureKV's V norms (O(n d))
 //   are read from the host views.
 // - KV cache: one bf16 buffer [n + decode_steps, H_kv, d] per run and layer indexed by position, and
